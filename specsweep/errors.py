@@ -1,0 +1,67 @@
+"""Errors raised to the user.
+
+    SpecsweepError
+    ├── ConfigError              a parameter or profile is invalid (before any host is touched)
+    ├── HostError                a host could not be reached or a command on it failed
+    │   ├── HostKeyError         an SSH host key is unknown or changed
+    │   └── CommandError         a command exited non-zero where success was required
+    └── ServerError              the server under test misbehaved
+        ├── PortBusyError        the server's port is held by another process
+        ├── ServerStartError     the launch itself failed (no pid, bad log path, ...)
+        ├── ServerCrashedError   the server process died while starting
+        ├── HealthTimeoutError   the server did not become ready in time
+        └── KillError            processes or the port survived a kill, or GPU memory stayed high
+
+Every message says what happened, the cause where known, and what to do next.
+"""
+
+from __future__ import annotations
+
+
+class SpecsweepError(Exception):
+    """Base class of every error specsweep raises on purpose."""
+
+
+class ConfigError(SpecsweepError, ValueError):
+    """A parameter, profile or file is invalid."""
+
+
+class HostError(SpecsweepError):
+    """A host could not be reached, or a command on it failed."""
+
+
+class HostKeyError(HostError):
+    """An SSH host key is unknown or does not match known_hosts."""
+
+
+class CommandError(HostError):
+    """A command on a host exited non-zero where success was required."""
+
+    def __init__(self, message: str, *, exit_code: int | None = None, stderr: str = "") -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.stderr = stderr
+
+
+class ServerError(SpecsweepError):
+    """The server under test misbehaved."""
+
+
+class PortBusyError(ServerError):
+    """The server's port is already held by another process."""
+
+
+class ServerStartError(ServerError):
+    """The server could not be launched."""
+
+
+class ServerCrashedError(ServerError):
+    """The server process exited while it was starting."""
+
+
+class HealthTimeoutError(ServerError):
+    """The server did not become ready within its startup timeout."""
+
+
+class KillError(ServerError):
+    """A kill left processes, a held port or used GPU memory behind."""

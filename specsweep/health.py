@@ -1,0 +1,187 @@
+"""Wait until a server can serve.
+
+Readiness is the HTTP status of the health path and nothing else: 200 is ready; a refused
+connection, 502 or 503 means "not yet" (SGLang answers 503 while it loads and warms up,
+then 200 with an empty body; llama.cpp answers 503 "Loading model", then 200). Any other
+answer is logged and polled again. The server process is checked on every tick, so a
+crash during startup fails the wait within about half a second, with the log's last lines.
+While waiting, new lines of the server log are handed to ``on_log_line``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import httpx
+from pydantic import BaseModel, Field
+
+from specsweep.errors import HealthTimeoutError, ServerCrashedError
+from specsweep.hosts.base import Host
+from specsweep.lifecycle import Logger, ServerHandle
+from specsweep.profiles import ServerProfile
+
+_log = logging.getLogger(__name__)
+
+FIRST_INTERVAL_S = 0.05
+GROWTH = 1.5
+PROCESS_CHECK_S = 0.5
+LOG_TAIL_LINES = 30
+
+
+class HealthReport(BaseModel):
+    url: str
+    ready: bool
+    time_to_ready_s: float = Field(description="From the server's start to the first ready answer.")
+    waited_s: float = Field(description="How long this wait took.")
+    attempts: int
+    probe_ok: bool | None = Field(None, description="Result of the readiness probe; None when not asked for.")
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, httpx.ConnectError):
+        return "connection refused"
+    if isinstance(exc, httpx.TimeoutException):
+        return "no answer (timeout)"
+    return f"{type(exc).__name__}: {exc}"
+
+
+class _LogFollower:
+    """Reads lines appended to the server log since the last call."""
+
+    def __init__(self, host: Host, path: str, sink: Callable[[str], None] | None) -> None:
+        self.host, self.path, self.sink = host, path, sink
+        self.offset = 0
+        self.partial = b""
+
+    def poll(self) -> None:
+        if self.sink is None:
+            return
+        data = self.host.read_from(self.path, self.offset, limit=256 * 1024)
+        if not data:
+            return
+        self.offset += len(data)
+        lines = (self.partial + data).split(b"\n")
+        self.partial = lines.pop()
+        for line in lines:
+            text = line.decode("utf-8", errors="replace").rstrip("\r")
+            if text.strip():
+                self.sink(text)
+
+    def flush(self) -> None:
+        if self.sink is not None and self.partial.strip():
+            self.sink(self.partial.decode("utf-8", errors="replace"))
+        self.partial = b""
+
+
+async def _probe(client: httpx.AsyncClient, base: str, profile: ServerProfile, headers: dict[str, str]) -> str | None:
+    """One tiny generation; None when it worked, else why not."""
+    body = {"prompt": "Hello", "max_tokens": 1, "temperature": 0}
+    if profile.probe_path.endswith("/generate"):
+        body = {"text": "Hello", "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+    elif profile.probe_path.endswith("/chat/completions"):
+        body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 1, "temperature": 0}
+    try:
+        r = await client.post(base + profile.probe_path, json=body, headers=headers, timeout=60)
+    except httpx.HTTPError as exc:
+        return f"probe failed: {_reason(exc)}"
+    return None if r.status_code == 200 else f"probe answered {r.status_code}"
+
+
+async def wait_for_health(
+    host: Host,
+    profile: ServerProfile,
+    handle: ServerHandle,
+    *,
+    address: str = "127.0.0.1",
+    timeout_s: float | None = None,
+    logger: Logger | None = None,
+    on_log_line: Callable[[str], None] | None = None,
+) -> HealthReport:
+    """Poll until the server is ready; raise ServerCrashedError or HealthTimeoutError otherwise."""
+    log = logger or _log
+    redact = profile.redactor()
+    timeout_s = profile.startup_timeout_s if timeout_s is None else timeout_s
+    base = f"http://{address}:{profile.port}"
+    url = base + profile.health_path
+    headers = {"Authorization": f"Bearer {profile.api_key.get_secret_value()}"} if profile.api_key else {}
+    follower = _LogFollower(host, handle.log_path, (lambda line: on_log_line(redact(line))) if on_log_line else None)
+    start = time.monotonic()
+    deadline = start + timeout_s
+    interval = FIRST_INTERVAL_S
+    next_poll = start
+    next_check = start
+    attempts = 0
+    last = "no attempt yet"
+
+    async def log_tail() -> str:
+        tail = await asyncio.to_thread(host.tail, handle.log_path, LOG_TAIL_LINES)
+        return redact(tail.rstrip()) or "(the log is empty)"
+
+    log.info("waiting for %s to become ready at %s (timeout %.0f s)", profile.name, url, timeout_s)
+    limits = httpx.Limits(max_connections=2, max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(10.0, connect=2.0), limits=limits) as client:
+        while True:
+            now = time.monotonic()
+            if now >= next_check:
+                await asyncio.to_thread(follower.poll)
+                if not await asyncio.to_thread(host.pid_alive, handle.pid):
+                    await asyncio.to_thread(follower.poll)
+                    follower.flush()
+                    raise ServerCrashedError(
+                        f"server {profile.name} (pid {handle.pid}) on {host.label} exited while starting, "
+                        f"{now - start:.1f} s into the wait. Last lines of {handle.log_path}:\n{await log_tail()}"
+                    )
+                next_check = now + PROCESS_CHECK_S
+            if now >= next_poll:
+                attempts += 1
+                try:
+                    r = await client.get(url, headers=headers)
+                    status = r.status_code
+                    last = f"HTTP {status}"
+                except httpx.HTTPError as exc:
+                    status = None
+                    last = _reason(exc)
+                elapsed = time.monotonic() - start
+                if status == 200:
+                    probe_ok = None
+                    if profile.readiness_probe:
+                        problem = await _probe(client, base, profile, headers)
+                        probe_ok = problem is None
+                        if problem:
+                            last = problem
+                            status = None
+                    if status == 200:
+                        await asyncio.to_thread(follower.poll)
+                        follower.flush()
+                        report = HealthReport(
+                            url=url,
+                            ready=True,
+                            time_to_ready_s=time.time() - handle.started_at,
+                            waited_s=elapsed,
+                            attempts=attempts,
+                            probe_ok=probe_ok,
+                        )
+                        log.info(
+                            "%s is ready after %.1f s (attempt %d, %.1f s since start)",
+                            profile.name, elapsed, attempts, report.time_to_ready_s,
+                        )
+                        return report
+                if status in (None, 502, 503) or status == 200:
+                    log.info("health attempt %d after %.1f s: not ready (%s)", attempts, elapsed, last)
+                else:
+                    log.warning("health attempt %d after %.1f s: unexpected %s, polling on", attempts, elapsed, last)
+                interval = min(interval * GROWTH, profile.health_poll_max_interval_s)
+                next_poll = time.monotonic() + interval
+            now = time.monotonic()
+            if now >= deadline:
+                await asyncio.to_thread(follower.poll)
+                follower.flush()
+                raise HealthTimeoutError(
+                    f"server {profile.name} on {host.label} was not ready after {timeout_s:.0f} s "
+                    f"({attempts} attempts; last: {last}). It is still running; raise startup_timeout_s if it "
+                    f"is merely slow. Last lines of {handle.log_path}:\n{await log_tail()}"
+                )
+            await asyncio.sleep(max(0.0, min(next_poll, next_check, deadline) - now))

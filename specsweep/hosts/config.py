@@ -1,0 +1,93 @@
+"""Where a server runs: this machine, or a machine reached over SSH (maybe through a jump host).
+
+These models are flow parameters: they hold no secret in clear text (keys are
+``SecretStr``) and every field is described, so the Prefect UI shows them as forms.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+
+
+class SSHEndpoint(BaseModel):
+    """How to log in to one SSH server."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    hostname: str = Field(description="DNS name or address of the SSH server.", min_length=1)
+    port: int = Field(22, ge=1, le=65535, description="SSH port.")
+    user: str | None = Field(None, description="Login name; defaults to the local user name.")
+    key_path: Path | None = Field(None, description="Private key file on the machine running specsweep.")
+    private_key: SecretStr | None = Field(
+        None, description="Private key text (OpenSSH or PEM). Prefer a Prefect Secret or ssh-host block."
+    )
+    passphrase: SecretStr | None = Field(None, description="Passphrase of the private key, if it has one.")
+    use_agent: bool = Field(True, description="Also try keys offered by a running ssh-agent.")
+    known_hosts: Path | None = Field(
+        None, description="known_hosts file to check the host key against; default ~/.ssh/known_hosts."
+    )
+    accept_unknown_host_key: bool = Field(
+        False,
+        description="Trust a host key that is not in known_hosts yet (logged as a warning). "
+        "A changed key is refused regardless.",
+    )
+    connect_timeout_s: float = Field(10.0, gt=0, le=600, description="TCP connect and SSH handshake timeout.")
+    keepalive_s: int = Field(15, ge=0, le=3600, description="Send an SSH keepalive this often (0: never).")
+
+    @model_validator(mode="after")
+    def _key_sources(self) -> SSHEndpoint:
+        if self.key_path is not None and self.private_key is not None:
+            raise ValueError("give key_path or private_key, not both")
+        return self
+
+
+class HostConfig(BaseModel):
+    """The machine the server runs on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["local", "ssh"] = Field("local", description="local: this machine; ssh: a remote machine.")
+    ssh: SSHEndpoint | None = Field(None, description="Login details, required when kind is ssh.")
+    jump: SSHEndpoint | None = Field(
+        None, description="Optional bastion to reach the host through (like ssh -J)."
+    )
+    http_address: str | None = Field(
+        None,
+        description="Address the benchmark client uses to reach the server's port; "
+        "default 127.0.0.1 for local hosts and the SSH hostname for remote ones.",
+    )
+
+    @model_validator(mode="after")
+    def _ssh_needs_endpoint(self) -> HostConfig:
+        if self.kind == "ssh" and self.ssh is None:
+            raise ValueError("kind is 'ssh' but no 'ssh' login details were given: add ssh.hostname (and user, key)")
+        if self.kind == "local" and (self.ssh is not None or self.jump is not None):
+            raise ValueError("ssh/jump settings were given but kind is 'local': set kind to 'ssh' or drop them")
+        return self
+
+    @property
+    def address(self) -> str:
+        if self.http_address:
+            return self.http_address
+        return self.ssh.hostname if self.kind == "ssh" and self.ssh else "127.0.0.1"
+
+    @property
+    def label(self) -> str:
+        if self.kind == "local" or self.ssh is None:
+            return "local"
+        user = f"{self.ssh.user}@" if self.ssh.user else ""
+        return f"{user}{self.ssh.hostname}:{self.ssh.port}"
+
+
+def build_host(config: HostConfig, logger: object | None = None):  # type: ignore[no-untyped-def]
+    """Open (lazily) the host a config describes."""
+    from specsweep.hosts.local import LocalHost
+    from specsweep.hosts.ssh import SSHHost
+
+    if config.kind == "local":
+        return LocalHost()
+    assert config.ssh is not None
+    return SSHHost(config.ssh, jump=config.jump, logger=logger)  # type: ignore[arg-type]

@@ -1,0 +1,28 @@
+"""The machine specsweep itself runs on."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Sequence
+
+from specsweep.errors import HostError
+from specsweep.hosts.base import CommandResult, Host
+
+
+class LocalHost(Host):
+    label = "local"
+
+    def run(
+        self, argv: Sequence[str], *, timeout: float | None = 60.0, check: bool = False
+    ) -> CommandResult:
+        argv = tuple(str(a) for a in argv)
+        start = time.perf_counter()
+        try:
+            proc = subprocess.run(argv, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired as exc:
+            raise HostError(f"{argv[0]} did not finish within {timeout} s on {self.label}") from exc
+        except FileNotFoundError as exc:
+            raise HostError(f"{argv[0]} is not installed on {self.label}: {exc}") from exc
+        result = CommandResult(argv, proc.returncode, proc.stdout, proc.stderr, time.perf_counter() - start)
+        return self._raise_for(result) if check else result

@@ -1,0 +1,252 @@
+"""A host reached over SSH (paramiko), optionally through a jump host.
+
+The connection opens on first use and is reused; a dropped transport is reconnected
+once before a command is sent (never in the middle of one, so a command never runs twice).
+Host keys are checked against known_hosts; unknown keys are refused unless the endpoint
+says ``accept_unknown_host_key``, and a changed key is always refused.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import shlex
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import paramiko
+
+from specsweep.errors import HostError, HostKeyError
+from specsweep.hosts.base import CommandResult, Host
+from specsweep.hosts.config import SSHEndpoint
+
+_log = logging.getLogger(__name__)
+
+
+def _fingerprint(key: paramiko.PKey) -> str:
+    return key.fingerprint  # "SHA256:..." as ssh-keygen prints it
+
+
+def _known_name(endpoint: SSHEndpoint) -> str:
+    return endpoint.hostname if endpoint.port == 22 else f"[{endpoint.hostname}]:{endpoint.port}"
+
+
+class _UnknownKeyPolicy(paramiko.MissingHostKeyPolicy):
+    def __init__(self, endpoint: SSHEndpoint, logger: logging.Logger | logging.LoggerAdapter) -> None:  # type: ignore[type-arg]
+        self.endpoint = endpoint
+        self.logger = logger
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        where = _known_name(self.endpoint)
+        if self.endpoint.accept_unknown_host_key:
+            self.logger.warning(
+                "trusting the unknown SSH host key of %s (%s %s) because accept_unknown_host_key is set",
+                where, key.get_name(), _fingerprint(key),
+            )
+            client.get_host_keys().add(hostname, key.get_name(), key)
+            return
+        raise HostKeyError(
+            f"the SSH host key of {where} ({key.get_name()} {_fingerprint(key)}) is not in "
+            f"{self.endpoint.known_hosts or '~/.ssh/known_hosts'}. Check the fingerprint with the host's "
+            f"administrator, then add it (ssh-keyscan -p {self.endpoint.port} {self.endpoint.hostname} >> known_hosts) "
+            "or set accept_unknown_host_key to trust it once."
+        )
+
+
+def load_private_key(text: str, passphrase: str | None) -> paramiko.PKey:
+    """Parse an OpenSSH or PEM private key of any supported type."""
+    errors = []
+    for cls in (paramiko.Ed25519Key, paramiko.ECDSAKey, paramiko.RSAKey):
+        try:
+            return cls.from_private_key(io.StringIO(text), password=passphrase)
+        except paramiko.PasswordRequiredException as exc:
+            raise HostError("the SSH private key is encrypted: give its passphrase") from exc
+        except (paramiko.SSHException, ValueError) as exc:
+            errors.append(f"{cls.__name__}: {type(exc).__name__}")
+    raise HostError("the SSH private key could not be read as Ed25519, ECDSA or RSA: " + "; ".join(errors))
+
+
+class SSHHost(Host):
+    def __init__(
+        self,
+        endpoint: SSHEndpoint,
+        *,
+        jump: SSHEndpoint | None = None,
+        logger: logging.Logger | logging.LoggerAdapter | None = None,  # type: ignore[type-arg]
+    ) -> None:
+        self.endpoint = endpoint
+        self.jump = jump
+        self.logger = logger or _log
+        user = f"{endpoint.user}@" if endpoint.user else ""
+        self.label = f"{user}{endpoint.hostname}:{endpoint.port}"
+        self._client: paramiko.SSHClient | None = None
+        self._jump_client: paramiko.SSHClient | None = None
+        self._lock = threading.Lock()
+        self.connects = 0
+
+    # -- connection -----------------------------------------------------------------------
+
+    def _open_client(self, endpoint: SSHEndpoint, sock: paramiko.Channel | None) -> paramiko.SSHClient:
+        client = paramiko.SSHClient()
+        known = endpoint.known_hosts or Path("~/.ssh/known_hosts").expanduser()
+        if Path(known).exists():
+            client.load_host_keys(str(known))
+        client.set_missing_host_key_policy(_UnknownKeyPolicy(endpoint, self.logger))
+        pkey = None
+        passphrase = endpoint.passphrase.get_secret_value() if endpoint.passphrase else None
+        if endpoint.private_key is not None:
+            pkey = load_private_key(endpoint.private_key.get_secret_value(), passphrase)
+        elif endpoint.key_path is not None:
+            path = Path(endpoint.key_path).expanduser()
+            if not path.is_file():
+                raise HostError(f"SSH key file {path} does not exist: fix ssh.key_path")
+            try:
+                pkey = paramiko.PKey.from_path(path, password=passphrase)
+            except paramiko.PasswordRequiredException as exc:
+                raise HostError(f"SSH key {path} is encrypted: give its passphrase") from exc
+        where = f"{endpoint.user + '@' if endpoint.user else ''}{endpoint.hostname}:{endpoint.port}"
+        try:
+            client.connect(
+                endpoint.hostname,
+                port=endpoint.port,
+                username=endpoint.user,
+                pkey=pkey,
+                allow_agent=endpoint.use_agent,
+                look_for_keys=pkey is None,
+                timeout=endpoint.connect_timeout_s,
+                banner_timeout=endpoint.connect_timeout_s,
+                auth_timeout=endpoint.connect_timeout_s,
+                channel_timeout=endpoint.connect_timeout_s,
+                sock=sock,
+            )
+        except HostKeyError:
+            client.close()
+            raise
+        except paramiko.BadHostKeyException as exc:
+            client.close()
+            raise HostKeyError(
+                f"the SSH host key of {_known_name(endpoint)} CHANGED: known_hosts has "
+                f"{_fingerprint(exc.expected_key)}, the server offered {exc.key.get_name()} {_fingerprint(exc.key)}. "
+                "This can be an attack. If the host was reinstalled, remove the old entry with "
+                f"ssh-keygen -R '{_known_name(endpoint)}' and add the new one."
+            ) from None
+        except paramiko.AuthenticationException as exc:
+            client.close()
+            raise HostError(
+                f"SSH authentication failed for {where}: {exc}. Check the user name and the key "
+                "(key_path, private_key or the agent)."
+            ) from None
+        except socket.gaierror as exc:
+            client.close()
+            raise HostError(f"cannot resolve SSH host {endpoint.hostname!r}: {exc}. Check ssh.hostname.") from None
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            client.close()
+            raise HostError(f"cannot connect to SSH server {where}: {type(exc).__name__}: {exc}") from None
+        transport = client.get_transport()
+        if transport is not None and endpoint.keepalive_s:
+            transport.set_keepalive(endpoint.keepalive_s)
+        return client
+
+    def _connect(self) -> paramiko.Transport:
+        self._drop()
+        sock = None
+        if self.jump is not None:
+            self._jump_client = self._open_client(self.jump, None)
+            jt = self._jump_client.get_transport()
+            assert jt is not None
+            try:
+                sock = jt.open_channel(
+                    "direct-tcpip",
+                    (self.endpoint.hostname, self.endpoint.port),
+                    ("127.0.0.1", 0),
+                    timeout=self.endpoint.connect_timeout_s,
+                )
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                self._drop()
+                raise HostError(
+                    f"the jump host {self.jump.hostname}:{self.jump.port} could not open a tunnel to "
+                    f"{self.endpoint.hostname}:{self.endpoint.port}: {exc}. Check that the target address is "
+                    "reachable from the jump host and that it allows TCP forwarding."
+                ) from None
+        self._client = self._open_client(self.endpoint, sock)
+        self.connects += 1
+        transport = self._client.get_transport()
+        assert transport is not None
+        return transport
+
+    def _transport(self, *, reconnect: bool = False) -> paramiko.Transport:
+        with self._lock:
+            transport = self._client.get_transport() if self._client else None
+            if transport is not None and transport.is_active() and not reconnect:
+                return transport
+            if transport is not None or reconnect:
+                self.logger.warning("SSH connection to %s dropped; reconnecting once", self.label)
+            return self._connect()
+
+    def _drop(self) -> None:
+        for client in (self._client, self._jump_client):
+            if client is not None:
+                client.close()
+        self._client = self._jump_client = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+    # -- commands -------------------------------------------------------------------------
+
+    def _open_session(self) -> paramiko.Channel:
+        try:
+            return self._transport().open_session(timeout=self.endpoint.connect_timeout_s)
+        except (paramiko.SSHException, OSError, EOFError):
+            # The transport died between commands: one reconnect, then give up.
+            try:
+                return self._transport(reconnect=True).open_session(timeout=self.endpoint.connect_timeout_s)
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                raise HostError(f"SSH connection to {self.label} is down and did not come back: {exc}") from None
+
+    def run(
+        self, argv: Sequence[str], *, timeout: float | None = 60.0, check: bool = False
+    ) -> CommandResult:
+        argv = tuple(str(a) for a in argv)
+        command = shlex.join(argv)
+        start = time.perf_counter()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        chan = self._open_session()
+        out, err = bytearray(), bytearray()
+        try:
+            chan.exec_command(command)
+            chan.shutdown_write()
+            chan.settimeout(0.05)
+
+            def check_time() -> None:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise HostError(f"{argv[0]} did not finish within {timeout} s on {self.label}")
+                transport = chan.get_transport()
+                if transport is None or not transport.is_active():
+                    raise HostError(f"SSH connection to {self.label} dropped while running {argv[0]}")
+
+            while True:
+                try:
+                    data = chan.recv(65536)
+                    if not data:
+                        break
+                    out += data
+                except socket.timeout:
+                    check_time()
+                while chan.recv_stderr_ready():
+                    err += chan.recv_stderr(65536)
+            while not chan.status_event.wait(0.05):
+                check_time()
+            while chan.recv_stderr_ready():
+                err += chan.recv_stderr(65536)
+            code = chan.recv_exit_status()
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise HostError(f"SSH command {argv[0]} on {self.label} failed: {type(exc).__name__}: {exc}") from None
+        finally:
+            chan.close()
+        result = CommandResult(argv, code, bytes(out), bytes(err), time.perf_counter() - start)
+        return self._raise_for(result) if check else result

@@ -1,0 +1,206 @@
+"""Write tiny llama-architecture GGUF models: a target and a draft that agrees with it.
+
+No weights can be downloaded here, so the models are random, built so that speculation
+behaves realistically:
+- each block adds only a small, scaled-down amount to the residual stream, so the token
+  embedding dominates the logits and a model's greedy pick depends mostly on the current
+  token, with the blocks (attention over the context) nudging it;
+- the draft is the first block(s) of the target's own weights, so its greedy pick agrees
+  with the target's most of the time (tuned to roughly 80-90 %), not always;
+- one embedding dimension is a constant "bias" that the output projection turns into a
+  large negative logit for control and byte tokens, so streams never end early and the
+  text stays valid UTF-8.
+Deterministic for a seed; a 28M-parameter target writes in about a second.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+# Common English words: enough for readable-looking prompts to tokenize into whole pieces.
+_WORDS = """the of and to a in is it you that he was for on are with as I his they be at one have this from
+or had by hot word but what some we can out other were all there when up use your how said an each she
+which do their time if will way about many then them write would like so these her long make thing see
+him two has look more day could go come did number sound no most people my over know water than call
+first who may down side been now find any new work part take get place made live where after back
+little only round man year came show every good me give our under name very through just form sentence
+great think say help low line differ turn cause much mean before move right boy old too same tell does
+set three want air well also play small end put home read hand port large spell add even land here must
+big high such follow act why ask men change went light kind off need house picture try us again animal
+point mother world near build self earth father head stand own page should country found answer school
+grow study still learn plant cover food sun four between state keep eye never last let thought city tree
+cross farm hard start might story saw far sea draw left late run while press close night real life few
+north open seem together next white children begin got walk example ease paper group always music those
+both mark often letter until mile river car feet care second book carry took science eat room friend
+began idea fish mountain stop once base hear horse cut sure watch color face wood main enough plain girl
+usual young ready above ever red list though feel talk bird soon body dog family direct pose leave song
+measure door product black short numeral class wind question happen complete ship area half rock order
+fire south problem piece told knew pass since top whole king space heard best hour better true during
+hundred five remember step early hold west ground interest reach fast verb sing listen six table travel
+less morning ten simple several vowel toward war lay against pattern slow center love person money
+serve appear road map rain rule govern pull cold notice voice unit power town fine certain fly fall lead
+cry dark machine note wait plan figure star box noun field rest correct able pound done beauty drive
+stood contain front teach week final gave green oh quick develop ocean warm free minute strong special
+mind behind clear tail produce fact street inch multiply nothing course stay wheel full force blue object
+decide surface deep moon island foot system busy test record boat common gold possible plane stead dry
+wonder laugh thousand ago ran check game shape equate miss brought heat snow tire bring yes distant fill
+east paint language among server model token speed batch cache request stream latency throughput
+""".split()
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shape of a generated model."""
+
+    n_embd: int = 512
+    n_layer: int = 8
+    n_head: int = 8
+    n_ff: int = 1408
+    n_ctx: int = 4096
+    draft_layers: int = 1
+    block_scale: float = 0.002
+    seed: int = 1234
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    target: Path
+    draft: Path
+    target_params: int
+    draft_params: int
+    vocab_size: int
+    spec: ModelSpec
+
+    def as_dict(self) -> dict[str, object]:
+        d = asdict(self)
+        d["target"], d["draft"] = str(self.target), str(self.draft)
+        return d
+
+
+def build_vocab() -> tuple[list[str], list[float], list[int]]:
+    """A sentencepiece-style vocabulary: unk, <s>, </s>, 256 byte tokens, then pieces."""
+    import gguf
+
+    tokens: list[str] = ["<unk>", "<s>", "</s>"]
+    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
+    tokens += [f"<0x{b:02X}>" for b in range(256)]
+    types += [gguf.TokenType.BYTE] * 256
+    pieces: list[str] = ["\u2581"]
+    pieces += [chr(c) for c in range(33, 127)]
+    pieces += ["\u2581" + chr(c) for c in range(33, 127)]
+    seen = set(pieces)
+    for w in _WORDS:
+        for p in ("\u2581" + w, w):
+            if p not in seen:
+                seen.add(p)
+                pieces.append(p)
+    # Longer pieces merge first (higher score), as in sentencepiece's unigram scores.
+    scores = [0.0] * len(tokens) + [-(1000.0 - min(len(p), 20) * 10) - i * 1e-3 for i, p in enumerate(pieces)]
+    tokens += pieces
+    types += [gguf.TokenType.NORMAL] * len(pieces)
+    return tokens, scores, [int(t) for t in types]
+
+
+def _weights(spec: ModelSpec, n_vocab: int, n_special: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(spec.seed)
+    d, f = spec.n_embd, spec.n_ff
+
+    def mat(rows: int, cols: int, scale: float) -> np.ndarray:
+        return (rng.standard_normal((rows, cols), dtype=np.float32) * scale).astype(np.float16)
+
+    emb = rng.standard_normal((n_vocab, d), dtype=np.float32)
+    emb[:, 0] = 4.0  # the constant "bias" dimension
+    out = rng.standard_normal((n_vocab, d), dtype=np.float32) / np.sqrt(d)
+    out[:, 0] = 0.0
+    out[:n_special, :] = 0.0
+    out[:n_special, 0] = -2.0  # control and byte tokens: always unlikely
+    w: dict[str, np.ndarray] = {
+        "token_embd.weight": emb.astype(np.float16),
+        "output_norm.weight": np.ones(d, dtype=np.float32),
+        "output.weight": out.astype(np.float16),
+    }
+    s = spec.block_scale
+    for i in range(spec.n_layer):
+        w[f"blk.{i}.attn_norm.weight"] = np.ones(d, dtype=np.float32)
+        w[f"blk.{i}.attn_q.weight"] = mat(d, d, 1 / np.sqrt(d))
+        w[f"blk.{i}.attn_k.weight"] = mat(d, d, 1 / np.sqrt(d))
+        w[f"blk.{i}.attn_v.weight"] = mat(d, d, 1 / np.sqrt(d))
+        w[f"blk.{i}.attn_output.weight"] = mat(d, d, s * 10 / np.sqrt(d))
+        w[f"blk.{i}.ffn_norm.weight"] = np.ones(d, dtype=np.float32)
+        w[f"blk.{i}.ffn_gate.weight"] = mat(f, d, 1 / np.sqrt(d))
+        w[f"blk.{i}.ffn_up.weight"] = mat(f, d, 1 / np.sqrt(d))
+        w[f"blk.{i}.ffn_down.weight"] = mat(d, f, s * 10 / np.sqrt(f))
+    return w
+
+
+def _write(path: Path, name: str, spec: ModelSpec, n_layer: int, vocab: tuple[list[str], list[float], list[int]],
+           weights: dict[str, np.ndarray]) -> int:
+    import gguf
+
+    tokens, scores, types = vocab
+    tmp = path.with_suffix(".tmp")
+    writer = gguf.GGUFWriter(str(tmp), "llama")
+    writer.add_name(name)
+    writer.add_context_length(spec.n_ctx)
+    writer.add_embedding_length(spec.n_embd)
+    writer.add_block_count(n_layer)
+    writer.add_feed_forward_length(spec.n_ff)
+    writer.add_head_count(spec.n_head)
+    writer.add_head_count_kv(spec.n_head)
+    writer.add_rope_dimension_count(spec.n_embd // spec.n_head)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_vocab_size(len(tokens))
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    writer.add_add_bos_token(True)
+    writer.add_add_eos_token(False)
+    writer.add_chat_template(CHAT_TEMPLATE)
+    params = 0
+    for key, arr in weights.items():
+        if key.startswith("blk."):
+            if int(key.split(".")[1]) >= n_layer:
+                continue
+        writer.add_tensor(key, arr)
+        params += arr.size
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tmp.replace(path)
+    return params
+
+
+def make_models(out_dir: Path, spec: ModelSpec = ModelSpec(), *, force: bool = False) -> ModelFiles:
+    """Write target.gguf and draft.gguf (and spec.json) under ``out_dir``; reuse them if the spec matches."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target, draft, meta = out_dir / "target.gguf", out_dir / "draft.gguf", out_dir / "spec.json"
+    if not force and target.exists() and draft.exists() and meta.exists():
+        saved = json.loads(meta.read_text())
+        if saved.get("spec") == asdict(spec):
+            return ModelFiles(target, draft, saved["target_params"], saved["draft_params"], saved["vocab_size"], spec)
+    vocab = build_vocab()
+    n_special = 3 + 256
+    weights = _weights(spec, len(vocab[0]), n_special)
+    tp = _write(target, "specsweep-tiny-target", spec, spec.n_layer, vocab, weights)
+    dp = _write(draft, "specsweep-tiny-draft", spec, spec.draft_layers, vocab, weights)
+    files = ModelFiles(target, draft, tp, dp, len(vocab[0]), spec)
+    meta.write_text(json.dumps({"spec": asdict(spec), "target_params": tp, "draft_params": dp,
+                                "vocab_size": len(vocab[0])}, indent=2))
+    return files

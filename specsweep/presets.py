@@ -1,0 +1,113 @@
+"""Ready-made server profiles for the engines specsweep knows.
+
+SGLang: baseline and EAGLE-3 (``--speculative-algorithm EAGLE3`` with a draft model).
+llama.cpp: baseline and draft speculation, runnable on this machine's CPU (see
+``specsweep.llamacpp``).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from specsweep.errors import ConfigError
+from specsweep.profiles import ServerProfile, make_profile
+
+# SGLang's scheduler and detokenizer processes rename themselves "sglang::scheduler_TP0"
+# and the like, and can outlive the launcher: kill them by name as well.
+SGLANG_CLEANUP = [r"sglang::", r"sglang\.launch_server"]
+
+
+def sglang_baseline(
+    model_path: str,
+    *,
+    tp: int = 8,
+    name: str = "sglang-baseline",
+    port: int = 30000,
+    host: str = "0.0.0.0",
+    python: str = "python",
+    extra_args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+) -> ServerProfile:
+    """SGLang without speculation."""
+    if not model_path:
+        raise ConfigError("model_path is required for the SGLang presets: give the target model's path or hub id")
+    if tp < 1:
+        raise ConfigError(f"tp must be at least 1 (got {tp})")
+    argv = [python, "-m", "sglang.launch_server", "--model-path", model_path, "--host", "{host}", "--port", "{port}",
+            "--tp", str(tp), *extra_args]
+    return make_profile(
+        {
+            "name": name,
+            "engine": "sglang",
+            "argv": argv,
+            "env": env or {},
+            "host": host,
+            "port": port,
+            "health_path": "/health",
+            "startup_timeout_s": 1800.0,
+            "health_poll_max_interval_s": 2.0,
+            "cleanup_patterns": SGLANG_CLEANUP,
+            "probe_path": "/generate",
+        }
+    )
+
+
+def sglang_eagle3(
+    model_path: str,
+    draft_model_path: str,
+    *,
+    num_steps: int = 3,
+    eagle_topk: int = 1,
+    num_draft_tokens: int | None = None,
+    tp: int = 8,
+    name: str = "sglang-eagle3",
+    port: int = 30000,
+    host: str = "0.0.0.0",
+    python: str = "python",
+    extra_args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+) -> ServerProfile:
+    """SGLang with EAGLE-3 speculative decoding. With topk 1, draft tokens = steps + 1."""
+    if not draft_model_path:
+        raise ConfigError("draft_model_path is required for EAGLE-3: give the EAGLE-3 draft model's path or hub id")
+    if num_steps < 1 or eagle_topk < 1:
+        raise ConfigError(f"num_steps and eagle_topk must be at least 1 (got {num_steps}, {eagle_topk})")
+    if num_draft_tokens is None:
+        num_draft_tokens = num_steps + 1 if eagle_topk == 1 else num_steps * eagle_topk + 1
+    if eagle_topk == 1 and num_draft_tokens != num_steps + 1:
+        raise ConfigError(
+            f"num_draft_tokens: with eagle_topk 1, SGLang needs num_draft_tokens = num_steps + 1 "
+            f"= {num_steps + 1} (got {num_draft_tokens}); change one of them"
+        )
+    spec = [
+        "--speculative-algorithm", "EAGLE3",
+        "--speculative-draft-model-path", draft_model_path,
+        "--speculative-num-steps", str(num_steps),
+        "--speculative-eagle-topk", str(eagle_topk),
+        "--speculative-num-draft-tokens", str(num_draft_tokens),
+    ]
+    base = sglang_baseline(model_path, tp=tp, name=name, port=port, host=host, python=python,
+                           extra_args=[*spec, *extra_args], env=env)
+    return base
+
+
+def by_name(name: str, *, model_path: str | None = None, draft_model_path: str | None = None) -> ServerProfile:
+    """A preset by its CLI name."""
+    from specsweep import llamacpp
+
+    if name == "sglang-baseline":
+        return sglang_baseline(model_path or "")
+    if name == "sglang-eagle3":
+        return sglang_eagle3(model_path or "", draft_model_path or "")
+    if name == "llamacpp-baseline":
+        return llamacpp.baseline_profile(model_path=model_path)
+    if name == "llamacpp-speculative":
+        return llamacpp.speculative_profile(model_path=model_path, draft_model_path=draft_model_path)
+    raise ConfigError(
+        f"unknown preset {name!r}: choose sglang-baseline, sglang-eagle3, llamacpp-baseline or llamacpp-speculative"
+    )
+
+
+def python_executable() -> str:
+    return sys.executable

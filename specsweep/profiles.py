@@ -1,0 +1,210 @@
+"""Server profiles: one server configuration, validated before anything touches a host.
+
+A profile is what ``specsweep server ... --profile FILE`` reads (JSON or TOML) and what
+the flows take as a parameter: the same pydantic model either way.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+from specsweep.errors import ConfigError
+from specsweep.redact import Redactor, mask_argv, mask_env, secrets_in_argv, secrets_in_env
+
+Engine = Literal["sglang", "vllm", "llamacpp", "custom"]
+
+#: Set in every server's environment; inherited by all its descendants, even those that
+#: leave its session, so a kill finds them all (and leftovers of earlier runs).
+MARKER_ENV = "SPECSWEEP_SERVER_PORT"
+
+PLACEHOLDERS = ("{host}", "{port}", "{api_key}")
+
+
+class ServerProfile(BaseModel):
+    """One server configuration: how to launch it, where it listens, how to tell it is ready."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(
+        description="Short name of this configuration, used in logs, results and file names.",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        max_length=80,
+    )
+    engine: Engine = Field("custom", description="Serving engine: sglang, vllm, llamacpp or custom.")
+    argv: list[str] = Field(
+        description="Launch command as a list of arguments (never a shell string). "
+        "{host}, {port} and {api_key} are replaced by the fields of the same name.",
+        min_length=1,
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra environment variables, e.g. CUDA_VISIBLE_DEVICES or NCCL_* tuning.",
+    )
+    cwd: str | None = Field(None, description="Working directory on the host; default the login directory.")
+    host: str = Field("127.0.0.1", description="Address the server binds to ({host} in argv).", min_length=1)
+    port: int = Field(30000, ge=1, le=65535, description="TCP port the server listens on ({port} in argv).")
+    health_path: str = Field("/health", description="Path whose HTTP 200 means the server is ready.")
+    readiness_probe: bool = Field(
+        False, description="After /health answers 200, also require one tiny generation to succeed."
+    )
+    probe_path: str = Field("/v1/completions", description="Endpoint the readiness probe posts a 1-token request to.")
+    startup_timeout_s: float = Field(
+        600.0, gt=0, le=6 * 3600, description="How long the server may take to become ready."
+    )
+    health_poll_max_interval_s: float = Field(
+        1.0, gt=0, le=60, description="Health polls start 50 ms apart and slow down to this interval."
+    )
+    log_path: str | None = Field(
+        None, description="Server log file on the host; default /tmp/specsweep/<name>-<port>.log."
+    )
+    cleanup_patterns: list[str] = Field(
+        default_factory=list,
+        description="Regular expressions matched against process command lines; matching processes are "
+        "leftovers to kill (e.g. 'sglang::scheduler', whose processes escape the launcher's tree).",
+    )
+    api_key: SecretStr | None = Field(None, description="API key of the server ({api_key} in argv); sent as a bearer token.")
+    kill_grace_s: float = Field(10.0, ge=0, le=600, description="Time between SIGTERM and SIGKILL.")
+    gpu_memory_free_mib: int = Field(
+        2048, ge=0, description="After a kill, every visible GPU must use less than this many MiB (checked where nvidia-smi exists)."
+    )
+    gpu_memory_timeout_s: float = Field(120.0, ge=0, le=3600, description="How long GPU memory may take to be released.")
+
+    @field_validator("argv")
+    @classmethod
+    def _argv(cls, argv: list[str]) -> list[str]:
+        if not argv[0].strip():
+            raise ValueError("argv[0] (the program) is empty")
+        if "=" in argv[0]:
+            raise ValueError("argv[0] must be a program, not NAME=VALUE: put environment variables in env")
+        return argv
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, env: dict[str, str]) -> dict[str, str]:
+        import re
+
+        for key in env:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                raise ValueError(f"environment variable name {key!r} is not valid: use letters, digits and _")
+            if key == MARKER_ENV:
+                raise ValueError(f"{MARKER_ENV} is set by specsweep itself")
+        return env
+
+    @field_validator("cleanup_patterns")
+    @classmethod
+    def _patterns(cls, patterns: list[str]) -> list[str]:
+        import re
+
+        for p in patterns:
+            try:
+                re.compile(p)
+            except re.error as exc:
+                raise ValueError(f"cleanup pattern {p!r} is not a valid regular expression: {exc}") from None
+            if not p.strip():
+                raise ValueError("an empty cleanup pattern would match every process")
+        return patterns
+
+    @field_validator("health_path", "probe_path")
+    @classmethod
+    def _path(cls, path: str) -> str:
+        if not path.startswith("/"):
+            raise ValueError(f"{path!r} must start with '/'")
+        return path
+
+    # -- derived values ---------------------------------------------------------------------
+
+    @property
+    def resolved_log_path(self) -> str:
+        return self.log_path or f"/tmp/specsweep/{self.name}-{self.port}.log"
+
+    def launch_argv(self) -> list[str]:
+        """argv with placeholders filled in. Plain replacement, so JSON arguments keep their braces."""
+        values = {
+            "{host}": self.host,
+            "{port}": str(self.port),
+            "{api_key}": self.api_key.get_secret_value() if self.api_key else "",
+        }
+        out = []
+        for arg in self.argv:
+            for key, value in values.items():
+                arg = arg.replace(key, value)
+            out.append(arg)
+        return out
+
+    def launch_env(self) -> dict[str, str]:
+        return {**self.env, MARKER_ENV: str(self.port)}
+
+    def redactor(self) -> Redactor:
+        argv = self.launch_argv()
+        return Redactor(
+            [
+                *(s for s in [self.api_key.get_secret_value() if self.api_key else None] if s),
+                *secrets_in_argv(argv),
+                *secrets_in_env(self.env),
+            ]
+        )
+
+    def masked_command(self) -> str:
+        redact = self.redactor()
+        return redact(shlex.join(mask_argv(self.launch_argv())))
+
+    def masked_env(self) -> dict[str, str]:
+        redact = self.redactor()
+        return {k: redact(v) for k, v in mask_env(self.env).items()}
+
+
+def describe_validation_error(exc: ValidationError, what: str) -> str:
+    """One line per bad field: where it is, what is wrong, what was given."""
+    lines = [f"invalid {what}:"]
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field: remove it or check its spelling"
+        elif err["type"] == "missing":
+            msg = "required field is missing: add it"
+        given = err.get("input")
+        shown = "" if err["type"] in ("missing", "extra_forbidden") or isinstance(given, dict) else f" (got {given!r})"
+        if "api_key" in loc or "key" in loc.split(".")[-1] or "passphrase" in loc:
+            shown = ""
+        lines.append(f"  {loc}: {msg}{shown}")
+    return "\n".join(lines)
+
+
+def read_mapping(path: Path) -> dict[str, Any]:
+    """A JSON or TOML file as a dict, with a clear error when it is neither."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"profile file {path} does not exist")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"profile file {path} is not UTF-8 text") from None
+    try:
+        data = tomllib.loads(text) if path.suffix.lower() == ".toml" else json.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        kind = "TOML" if path.suffix.lower() == ".toml" else "JSON"
+        raise ConfigError(f"profile file {path} is not valid {kind}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"profile file {path} must hold an object (a table of fields), not {type(data).__name__}")
+    return data
+
+
+def load_profile(path: Path | None = None, /, **overrides: Any) -> ServerProfile:
+    """Read a profile file, apply overrides (``port=8001``), and validate the result."""
+    data = read_mapping(path) if path is not None else {}
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    return make_profile(data, what=f"server profile{f' {path}' if path else ''}")
+
+
+def make_profile(data: dict[str, Any], what: str = "server profile") -> ServerProfile:
+    try:
+        return ServerProfile.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, what)) from None

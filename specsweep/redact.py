@@ -1,0 +1,132 @@
+"""Find secrets in launch commands and environments, and keep them out of every output.
+
+A secret is the value of a flag such as ``--api-key`` or ``--hf-token`` (as the next
+argument or after ``=``), the value of an environment variable named like ``*_TOKEN`` or
+``*API_KEY*``, or any value registered explicitly (an SSH key, a Secret block's value).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Mapping, Sequence
+
+MASK = "***"
+
+_SECRET_WORDS = r"(api[-_]?key|token|secret|password|passwd|passphrase|credential|auth)"
+_SECRET_FLAG = re.compile(rf"^--?[A-Za-z0-9-_]*{_SECRET_WORDS}[A-Za-z0-9-_]*$", re.IGNORECASE)
+_SECRET_ENV = re.compile(rf"^[A-Za-z0-9_]*{_SECRET_WORDS}[A-Za-z0-9_]*$|^[A-Za-z0-9_]*_KEY$", re.IGNORECASE)
+# Values this short would turn ordinary words into "***"; no real secret is this short.
+_MIN_SECRET_LEN = 4
+
+
+def is_secret_flag(arg: str) -> bool:
+    return bool(_SECRET_FLAG.match(arg.split("=", 1)[0]))
+
+
+def is_secret_env(name: str) -> bool:
+    return bool(_SECRET_ENV.match(name))
+
+
+def secrets_in_argv(argv: Sequence[str]) -> list[str]:
+    """The values that follow a secret flag in ``argv``."""
+    found: list[str] = []
+    for i, arg in enumerate(argv):
+        flag, eq, value = arg.partition("=")
+        if not arg.startswith("-") or not is_secret_flag(flag):
+            continue
+        if eq:
+            found.append(value)
+        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            found.append(argv[i + 1])
+    return [s for s in found if len(s) >= _MIN_SECRET_LEN]
+
+
+def secrets_in_env(env: Mapping[str, str]) -> list[str]:
+    return [v for k, v in env.items() if is_secret_env(k) and len(v) >= _MIN_SECRET_LEN]
+
+
+def mask_argv(argv: Sequence[str]) -> list[str]:
+    """A copy of ``argv`` with secret values replaced by ``***``."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next and not arg.startswith("--"):
+            out.append(MASK)
+            hide_next = False
+            continue
+        hide_next = False
+        flag, eq, _ = arg.partition("=")
+        if arg.startswith("-") and is_secret_flag(flag):
+            if eq:
+                out.append(f"{flag}={MASK}")
+            else:
+                out.append(arg)
+                hide_next = True
+            continue
+        out.append(arg)
+    return out
+
+
+def mask_env(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: (MASK if is_secret_env(k) else v) for k, v in env.items()}
+
+
+class Redactor:
+    """Replaces every registered secret value in a text with ``***``."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        self._secrets: set[str] = set()
+        self.add(*secrets)
+
+    def add(self, *secrets: str | None) -> None:
+        for s in secrets:
+            if s and len(s) >= _MIN_SECRET_LEN:
+                self._secrets.add(s)
+                # Keys spread over lines (PEM) leak line by line, so register each line too.
+                for line in s.splitlines():
+                    line = line.strip()
+                    if len(line) >= 16 and not line.startswith("-----"):
+                        self._secrets.add(line)
+
+    def __call__(self, text: str) -> str:
+        # Longest first, so a secret that contains another is masked whole.
+        for s in sorted(self._secrets, key=len, reverse=True):
+            if s in text:
+                text = text.replace(s, MASK)
+        return text
+
+    def __bool__(self) -> bool:
+        return bool(self._secrets)
+
+
+class RedactingFilter(logging.Filter):
+    """A logging filter that masks secrets in each record's final message."""
+
+    def __init__(self, redactor: Redactor) -> None:
+        super().__init__()
+        self.redactor = redactor
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.redactor:
+            message = record.getMessage()
+            masked = self.redactor(message)
+            if masked != message:
+                record.msg, record.args = masked, None
+        return True
+
+
+class RedactingLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """Wraps any logger (a Prefect run logger included) and masks secrets in every line."""
+
+    def __init__(self, logger: logging.Logger | logging.LoggerAdapter, redactor: Redactor) -> None:  # type: ignore[type-arg]
+        super().__init__(logger, {})  # type: ignore[arg-type]
+        self.redactor = redactor
+
+    def process(self, msg, kwargs):  # type: ignore[no-untyped-def]
+        return msg, kwargs
+
+    def log(self, level, msg, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if self.isEnabledFor(level):
+            text = str(msg) % args if args else str(msg)
+            self.logger.log(level, self.redactor(text), **kwargs)

@@ -1,0 +1,41 @@
+"""Retries and timeouts of each pipeline stage, as flow parameters (shown as a form in the UI)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class StageOptions(BaseModel):
+    """How often a stage is retried and how long one try may take."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    retries: int = Field(0, ge=0, le=20, description="Retries after a failed try.")
+    retry_delay_s: float = Field(5.0, ge=0, le=3600, description="Seconds between tries.")
+    timeout_s: float | None = Field(None, gt=0, le=24 * 3600, description="Limit of one try in seconds; empty for none.")
+
+    def task_options(self) -> dict[str, object]:
+        """Keyword arguments for Prefect's ``Task.with_options``."""
+        return {"retries": self.retries, "retry_delay_seconds": self.retry_delay_s, "timeout_seconds": self.timeout_s}
+
+
+class LifecycleOptions(BaseModel):
+    """Retries and timeouts of the server lifecycle stages."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kill: StageOptions = Field(
+        default_factory=lambda: StageOptions(retries=2, retry_delay_s=5, timeout_s=900),
+        description="kill_server: stop the server and its leftovers.",
+    )
+    start: StageOptions = Field(
+        default_factory=lambda: StageOptions(retries=1, retry_delay_s=10, timeout_s=300),
+        description="start_server: launch the server.",
+    )
+    wait: StageOptions = Field(
+        default_factory=lambda: StageOptions(retries=0, timeout_s=None),
+        description="wait_for_health: poll until ready. Without a timeout, the profile's startup_timeout_s applies.",
+    )
+    kill_port_holder: bool = Field(
+        False, description="If the port is busy at start, kill whatever holds it instead of failing."
+    )

@@ -1,0 +1,1 @@
+"""Prefect tasks: thin wrappers over the core that add retries, timeouts, logs and artifacts."""

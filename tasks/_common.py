@@ -1,0 +1,45 @@
+"""What every task needs: a run logger that masks secrets, and transient-error retries."""
+
+from __future__ import annotations
+
+import logging
+
+from prefect import get_run_logger
+from prefect.client.schemas.objects import State, TaskRun
+
+from specsweep.errors import HostError, HostKeyError
+from specsweep.hosts.config import HostConfig
+from specsweep.profiles import ServerProfile
+from specsweep.redact import Redactor, RedactingLogger
+
+
+def host_secrets(host: HostConfig) -> list[str]:
+    out = []
+    for ep in (host.ssh, host.jump):
+        if ep is not None:
+            for secret in (ep.private_key, ep.passphrase):
+                if secret is not None:
+                    out.append(secret.get_secret_value())
+    return out
+
+
+def run_logger(profile: ServerProfile | None = None, host: HostConfig | None = None) -> RedactingLogger:
+    """The Prefect run logger, with the profile's and host's secrets masked in every line."""
+    redactor = profile.redactor() if profile is not None else Redactor()
+    if host is not None:
+        redactor.add(*host_secrets(host))
+    base: logging.Logger | logging.LoggerAdapter = get_run_logger()  # type: ignore[type-arg]
+    return RedactingLogger(base, redactor)
+
+
+def retry_transient(task: object, task_run: TaskRun, state: State) -> bool:
+    """Retry when a host could not be reached or a connection dropped; never on a bad host key."""
+    try:
+        state.result()
+    except HostKeyError:
+        return False
+    except HostError:
+        return True
+    except Exception:  # noqa: BLE001 - anything else is not transient
+        return False
+    return False

@@ -1,0 +1,109 @@
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from specsweep.hosts.config import HostConfig, SSHEndpoint
+from specsweep.profiles import ServerProfile
+from tests.helpers.sshd import SSHServer, free_port, keygen, start_sshd
+
+REPO = Path(__file__).resolve().parents[1]
+TOY = str(REPO / "tests" / "helpers" / "toy_server.py")
+
+os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
+
+
+def toy_profile(tmp_path: Path, *args: str, name: str = "toy", port: int | None = None, **fields: object) -> ServerProfile:
+    """A profile for the misbehaving toy server, on a free port, logging under tmp_path."""
+    port = port or free_port()
+    data = {
+        "name": name,
+        "argv": [sys.executable, TOY, "--port", "{port}", *args],
+        "port": port,
+        "log_path": str(tmp_path / f"{name}-{port}.log"),
+        "startup_timeout_s": 20,
+        "kill_grace_s": 2,
+        "health_poll_max_interval_s": 0.2,
+        **fields,
+    }
+    return ServerProfile.model_validate(data)
+
+
+@pytest.fixture
+def make_toy(tmp_path: Path):  # type: ignore[no-untyped-def]
+    def make(*args: str, **fields: object) -> ServerProfile:
+        return toy_profile(tmp_path, *args, **fields)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def ssh_keys(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    d = tmp_path_factory.mktemp("sshkeys")
+    key = d / "id_ed25519"
+    pub = keygen(key)
+    return key, pub
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory: pytest.TempPathFactory, ssh_keys: tuple[Path, str]) -> Iterator[SSHServer]:
+    server = start_sshd(tmp_path_factory.mktemp("sshd"), [ssh_keys[1]])
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def known_hosts(tmp_path_factory: pytest.TempPathFactory, sshd: SSHServer) -> Path:
+    path = tmp_path_factory.mktemp("kh") / "known_hosts"
+    path.write_text(sshd.known_hosts_line() + "\n")
+    return path
+
+
+@pytest.fixture
+def ssh_host_config(sshd: SSHServer, ssh_keys: tuple[Path, str], known_hosts: Path) -> HostConfig:
+    return HostConfig(
+        kind="ssh",
+        ssh=SSHEndpoint(hostname=sshd.address, port=sshd.port, user=sshd.user, key_path=ssh_keys[0],
+                        known_hosts=known_hosts, use_agent=False),
+    )
+
+
+def pids_alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            if state not in ("Z", "X"):
+                alive.append(pid)
+        except FileNotFoundError:
+            pass
+    return alive
+
+
+def pids_with_marker(port: int) -> list[int]:
+    """Live processes whose environment carries specsweep's marker for ``port``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if f"SPECSWEEP_SERVER_PORT={port}".encode() in f.read().split(b"\0"):
+                    found.append(int(entry))
+        except OSError:
+            pass
+    return pids_alive(found)
+
+
+@pytest.fixture(scope="session")
+def prefect_harness() -> Iterator[None]:
+    """A temporary Prefect server and database for the whole session."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=90):
+        yield

@@ -1,0 +1,98 @@
+"""A real OpenSSH server on loopback, started by the tests with throwaway keys."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def keygen(path: Path, kind: str = "ed25519") -> str:
+    """Write a key pair without a passphrase; return the public key line."""
+    subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", "specsweep-test", "-f", str(path)], check=True)
+    return path.with_suffix(".pub").read_text().strip() if path.suffix else Path(f"{path}.pub").read_text().strip()
+
+
+@dataclass
+class SSHServer:
+    address: str
+    port: int
+    dir: Path
+    host_key_pub: str
+    user: str
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def log(self) -> str:
+        p = self.dir / "sshd.log"
+        return p.read_text() if p.exists() else ""
+
+    def known_hosts_line(self) -> str:
+        kind, key = self.host_key_pub.split()[:2]
+        return f"[{self.address}]:{self.port} {kind} {key}"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def start_sshd(workdir: Path, authorized_keys: list[str], *, address: str = "127.0.0.1",
+               allow_forwarding: bool = True, log_level: str = "VERBOSE") -> SSHServer:
+    if not os.path.exists(SSHD):
+        raise RuntimeError("sshd is not installed: the test command installs openssh-server (scripts/bootstrap.sh)")
+    workdir.mkdir(parents=True, exist_ok=True)
+    Path("/run/sshd").mkdir(exist_ok=True)  # privilege separation directory
+    host_key = workdir / "host_key"
+    host_pub = keygen(host_key)
+    (workdir / "authorized_keys").write_text("\n".join(authorized_keys) + "\n")
+    port = free_port(address)
+    config = workdir / "sshd_config"
+    config.write_text(
+        f"""Port {port}
+ListenAddress {address}
+HostKey {host_key}
+PidFile {workdir}/sshd.pid
+AuthorizedKeysFile {workdir}/authorized_keys
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+AllowTcpForwarding {'yes' if allow_forwarding else 'no'}
+AllowAgentForwarding no
+X11Forwarding no
+PrintMotd no
+MaxSessions 100
+MaxStartups 100
+LogLevel {log_level}
+"""
+    )
+    proc = subprocess.Popen([SSHD, "-D", "-f", str(config), "-E", str(workdir / "sshd.log")])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((address, port), timeout=0.5):
+                break
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError(f"sshd exited: {(workdir / 'sshd.log').read_text() if (workdir / 'sshd.log').exists() else ''}")
+            time.sleep(0.05)
+    import pwd
+
+    return SSHServer(address, port, workdir, host_pub, pwd.getpwuid(os.getuid()).pw_name, proc)

@@ -1,0 +1,160 @@
+"""SSH hosts against a real OpenSSH server on loopback (started by the tests)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from specsweep.errors import HostError, HostKeyError
+from specsweep.health import wait_for_health
+from specsweep.hosts import HostConfig, SSHEndpoint, SSHHost, build_host
+from specsweep.lifecycle import kill_server, start_server
+from tests.conftest import TOY, pids_alive, toy_profile
+from tests.helpers.sshd import SSHServer, start_sshd
+
+
+def endpoint(server: SSHServer, key: Path, known: Path, **kw: object) -> SSHEndpoint:
+    return SSHEndpoint(hostname=server.address, port=server.port, user=server.user, key_path=key,
+                       known_hosts=known, use_agent=False, **kw)  # type: ignore[arg-type]
+
+
+def test_run_returns_output_and_exit_code(ssh_host_config: HostConfig) -> None:
+    with build_host(ssh_host_config) as host:
+        r = host.run(["sh", "-c", "echo out; echo err >&2; exit 3"])
+        assert (r.exit_code, r.stdout, r.stderr) == (3, "out\n", "err\n")
+        big = host.run(["head", "-c", "300000", "/dev/zero"])
+        assert len(big.stdout_bytes) == 300000
+
+
+def test_key_given_as_secret_text(sshd: SSHServer, ssh_keys: tuple[Path, str], known_hosts: Path) -> None:
+    text = ssh_keys[0].read_text()
+    ep = SSHEndpoint(hostname=sshd.address, port=sshd.port, user=sshd.user, private_key=text,  # type: ignore[arg-type]
+                     known_hosts=known_hosts, use_agent=False)
+    assert text not in repr(ep) and text not in ep.model_dump_json()
+    with SSHHost(ep) as host:
+        assert host.run(["echo", "hi"]).stdout == "hi\n"
+
+
+def test_argument_with_shell_metacharacters_arrives_literally(ssh_host_config: HostConfig, tmp_path: Path) -> None:
+    hostile = "; touch /tmp/pwned-ssh $(touch /tmp/pwned-ssh) `touch /tmp/pwned-ssh` 'x' \"y\" \n z *"
+    with build_host(ssh_host_config) as host:
+        r = host.run([sys.executable, "-c", "import json,sys; print(json.dumps(sys.argv[1:]))", hostile, "$HOME"])
+    assert json.loads(r.stdout) == [hostile, "$HOME"]
+    assert not Path("/tmp/pwned-ssh").exists()
+
+
+def test_unknown_host_key_is_refused(sshd: SSHServer, ssh_keys: tuple[Path, str], tmp_path: Path) -> None:
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    with pytest.raises(HostKeyError) as err:
+        SSHHost(endpoint(sshd, ssh_keys[0], empty)).run(["true"])
+    assert "is not in" in str(err.value) and "accept_unknown_host_key" in str(err.value)
+    assert "SHA256:" in str(err.value)
+
+
+def test_unknown_host_key_accepted_only_when_asked(sshd: SSHServer, ssh_keys: tuple[Path, str], tmp_path: Path,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    with caplog.at_level(logging.WARNING):
+        with SSHHost(endpoint(sshd, ssh_keys[0], empty, accept_unknown_host_key=True)) as host:
+            assert host.run(["true"]).ok
+    assert any("trusting the unknown SSH host key" in m for m in caplog.messages)
+
+
+def test_changed_host_key_is_refused_even_when_trusting(sshd: SSHServer, ssh_keys: tuple[Path, str], tmp_path: Path) -> None:
+    from tests.helpers.sshd import keygen
+
+    other = keygen(tmp_path / "other_host_key")
+    kind, key = other.split()[:2]
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[{sshd.address}]:{sshd.port} {kind} {key}\n")
+    with pytest.raises(HostKeyError, match="CHANGED"):
+        SSHHost(endpoint(sshd, ssh_keys[0], known, accept_unknown_host_key=True)).run(["true"])
+
+
+def test_wrong_key_is_a_clear_error(sshd: SSHServer, known_hosts: Path, tmp_path: Path) -> None:
+    from tests.helpers.sshd import keygen
+
+    keygen(tmp_path / "stranger")
+    with pytest.raises(HostError, match="authentication failed"):
+        SSHHost(endpoint(sshd, tmp_path / "stranger", known_hosts)).run(["true"])
+
+
+def test_unresolvable_host_is_a_clear_error(ssh_keys: tuple[Path, str], known_hosts: Path) -> None:
+    ep = SSHEndpoint(hostname="no-such-host.invalid", key_path=ssh_keys[0], known_hosts=known_hosts, use_agent=False)
+    with pytest.raises(HostError, match="cannot resolve SSH host 'no-such-host.invalid'"):
+        SSHHost(ep).run(["true"])
+
+
+@pytest.fixture(scope="module")
+def jump_pair(tmp_path_factory: pytest.TempPathFactory, ssh_keys: tuple[Path, str]):  # type: ignore[no-untyped-def]
+    """A target that listens on 127.0.0.2 and a bastion; the bastion logs each forwarded channel."""
+    target = start_sshd(tmp_path_factory.mktemp("target"), [ssh_keys[1]], address="127.0.0.2")
+    bastion = start_sshd(tmp_path_factory.mktemp("bastion"), [ssh_keys[1]], log_level="DEBUG1")
+    closed = start_sshd(tmp_path_factory.mktemp("closed"), [ssh_keys[1]], allow_forwarding=False)
+    known = tmp_path_factory.mktemp("jkh") / "known_hosts"
+    known.write_text("\n".join(s.known_hosts_line() for s in (target, bastion, closed)) + "\n")
+    yield target, bastion, closed, known
+    for s in (target, bastion, closed):
+        s.stop()
+
+
+def test_jump_host(jump_pair, ssh_keys: tuple[Path, str]) -> None:  # type: ignore[no-untyped-def]
+    target, bastion, _, known = jump_pair
+    cfg = HostConfig(kind="ssh", ssh=endpoint(target, ssh_keys[0], known), jump=endpoint(bastion, ssh_keys[0], known))
+    with build_host(cfg) as host:
+        assert host.run(["echo", "via bastion"]).stdout == "via bastion\n"
+    time.sleep(0.2)
+    assert f"127.0.0.2 port {target.port}" in bastion.log  # the bastion opened the tunnel to the target
+
+
+def test_jump_host_without_forwarding_is_a_clear_error(jump_pair, ssh_keys: tuple[Path, str]) -> None:  # type: ignore[no-untyped-def]
+    target, _, closed, known = jump_pair
+    cfg = HostConfig(kind="ssh", ssh=endpoint(target, ssh_keys[0], known), jump=endpoint(closed, ssh_keys[0], known))
+    with pytest.raises(HostError, match="could not open a tunnel"):
+        build_host(cfg).run(["true"])
+
+
+def test_reconnects_once_when_the_transport_drops(ssh_host_config: HostConfig, caplog: pytest.LogCaptureFixture) -> None:
+    host = build_host(ssh_host_config)
+    assert host.run(["true"]).ok
+    host._client.get_transport().close()  # type: ignore[union-attr]  # the link drops between commands
+    with caplog.at_level(logging.WARNING):
+        assert host.run(["echo", "back"]).stdout == "back\n"
+    assert host.connects == 2
+    assert any("reconnecting once" in m for m in caplog.messages)
+    host.close()
+
+
+async def test_lifecycle_over_ssh(ssh_host_config: HostConfig, tmp_path: Path) -> None:
+    profile = toy_profile(tmp_path, "--listen-after", "0.2", "--warmup", "0.3", "--spawn-grandchild",
+                          "--api-key", "sk-over-ssh-123456")
+    with build_host(ssh_host_config) as host:
+        handle = start_server(host, profile)
+        assert handle.host.endswith(f":{ssh_host_config.ssh.port}")  # type: ignore[union-attr]
+        lines: list[str] = []
+        report = await wait_for_health(host, profile, handle, address=ssh_host_config.address, on_log_line=lines.append)
+        assert report.ready
+        assert lines and all("sk-over-ssh-123456" not in line for line in lines)
+        assert any("***" in line for line in lines)
+        kill = kill_server(host, profile, handle)
+    assert len(kill.killed) >= 3 and kill.port_free
+    assert pids_alive([k.pid for k in kill.killed]) == []
+
+
+async def test_server_survives_the_ssh_connection(ssh_host_config: HostConfig, tmp_path: Path) -> None:
+    profile = toy_profile(tmp_path)
+    with build_host(ssh_host_config) as host:
+        handle = start_server(host, profile)
+    time.sleep(0.5)  # the connection that started it is closed
+    assert pids_alive([handle.pid]) == [handle.pid]
+    with build_host(ssh_host_config) as host:
+        await wait_for_health(host, profile, handle)
+        kill_server(host, profile, handle)
+    assert TOY  # the toy server ran through the same path as locally

@@ -1,0 +1,96 @@
+"""The local llama.cpp target: generated models, the launcher, both presets, end to end."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+from prefect import flow
+
+from specsweep.llamacpp import baseline_profile, speculative_profile
+from specsweep.llamacpp.models import ModelSpec, make_models
+from specsweep.profiles import ServerProfile
+from tasks.server import kill_server, start_server, wait_for_health
+from tests.conftest import pids_with_marker
+from tests.helpers.sshd import free_port
+
+
+def test_models_are_deterministic_and_cached(tmp_path: Path) -> None:
+    spec = ModelSpec(n_embd=64, n_layer=2, n_ff=128, n_head=4, seed=7)
+    a = make_models(tmp_path / "a", spec)
+    b = make_models(tmp_path / "b", spec)
+    digest = lambda p: hashlib.sha256(p.read_bytes()).hexdigest()  # noqa: E731
+    assert digest(a.target) == digest(b.target) and digest(a.draft) == digest(b.draft)
+    assert a.draft_params < a.target_params
+    mtime = a.target.stat().st_mtime_ns
+    assert make_models(tmp_path / "a", spec).target.stat().st_mtime_ns == mtime  # reused, not rewritten
+    c = make_models(tmp_path / "c", ModelSpec(n_embd=64, n_layer=2, n_ff=128, n_head=4, seed=8))
+    assert digest(c.target) != digest(a.target)
+
+
+async def stream_completion(port: int, prompt: str, max_tokens: int) -> tuple[str, int, int, dict]:  # type: ignore[type-arg]
+    """One streamed request: text, content chunks, usage tokens, final timings."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    text, chunks, usage, timings = "", 0, -1, {}
+    async with httpx.AsyncClient(timeout=60) as client:
+        async with client.stream("POST", f"http://127.0.0.1:{port}/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[6:])
+                if event.get("choices") and event["choices"][0].get("text"):
+                    text += event["choices"][0]["text"]
+                    chunks += 1
+                if event.get("usage"):
+                    usage = event["usage"]["completion_tokens"]
+                timings = event.get("timings") or timings
+    return text, chunks, usage, timings
+
+
+@pytest.mark.usefixtures("prefect_harness")
+@pytest.mark.parametrize("preset", ["baseline", "speculative"])
+async def test_preset_serves_exact_token_counts(preset: str) -> None:
+    port = free_port()
+    profile: ServerProfile = (baseline_profile if preset == "baseline" else speculative_profile)(port=port, parallel=2, ctx=2048)
+    host_cfg = __import__("specsweep.hosts.config", fromlist=["HostConfig"]).HostConfig()
+
+    @flow(name=f"llamacpp-{preset}")
+    async def drive() -> tuple[str, int, int, dict, list[str]]:  # type: ignore[type-arg]
+        await kill_server(host_cfg, profile)
+        handle = await start_server(host_cfg, profile)
+        try:
+            await wait_for_health(host_cfg, profile, handle)
+            result = await stream_completion(port, "the water was cold and the river", 48)
+        finally:
+            report = await kill_server(host_cfg, profile, handle)
+        return (*result, [k.signal for k in report.killed])
+
+    text, chunks, usage, timings, signals = await drive()
+    assert usage == 48 and chunks == 48  # one SSE event per token, even with speculation
+    assert text.strip()
+    text.encode("utf-8")
+    assert signals == ["SIGTERM"]  # the launcher exits on SIGTERM, no SIGKILL needed
+    assert pids_with_marker(port) == []
+    if preset == "speculative":
+        assert timings["draft_n"] > 0 and 0.3 < timings["draft_n_accepted"] / timings["draft_n"] <= 1.0
+    else:
+        assert timings.get("draft_n", 0) == 0
+
+
+def test_draft_model_alone_does_not_speculate() -> None:
+    profile = speculative_profile()
+    argv = profile.launch_argv()
+    assert argv[argv.index("--spec-type") + 1] == "draft-simple" and "-md" in argv
+    from specsweep.llamacpp.launcher import build_params, parse_args
+
+    import xllamacpp
+
+    only_md = build_params(parse_args(["-m", argv[argv.index("-m") + 1], "-md", argv[argv.index("-md") + 1]]))
+    assert only_md.speculative.types == [xllamacpp.common_speculative_type.COMMON_SPECULATIVE_TYPE_NONE]
+    with_type = build_params(parse_args(["-m", "t", "-md", "d", "--spec-type", "draft-simple"]))
+    assert with_type.speculative.types == [xllamacpp.common_speculative_type.COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE]

@@ -1,0 +1,102 @@
+"""Profiles validate before any host is touched; secrets never show."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from specsweep.errors import ConfigError
+from specsweep.presets import sglang_baseline, sglang_eagle3
+from specsweep.profiles import load_profile
+from specsweep.redact import Redactor, RedactingLogger, mask_argv, mask_env
+
+
+def test_mask_argv_hides_values_of_secret_flags() -> None:
+    argv = ["srv", "--api-key", "abcd1234", "--hf-token=hf_xyz123", "--port", "80", "--model", "m"]
+    assert mask_argv(argv) == ["srv", "--api-key", "***", "--hf-token=***", "--port", "80", "--model", "m"]
+
+
+def test_mask_env_by_name() -> None:
+    env = {"HF_TOKEN": "x1234", "OPENAI_API_KEY": "y1234", "CUDA_VISIBLE_DEVICES": "0,1", "NCCL_P2P_LEVEL": "NVL"}
+    assert mask_env(env) == {"HF_TOKEN": "***", "OPENAI_API_KEY": "***", "CUDA_VISIBLE_DEVICES": "0,1", "NCCL_P2P_LEVEL": "NVL"}
+
+
+def test_redacting_logger_masks_every_line(caplog: pytest.LogCaptureFixture) -> None:
+    logger = RedactingLogger(logging.getLogger("t"), Redactor(["hunter2-secret"]))
+    with caplog.at_level(logging.INFO, logger="t"):
+        logger.info("server said %s", "key=hunter2-secret!")
+    assert caplog.messages == ["server said key=***!"]
+
+
+def test_profile_placeholders_and_json_braces(tmp_path: Path) -> None:
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({
+        "name": "v", "engine": "vllm", "port": 8000,
+        "argv": ["vllm", "serve", "m", "--port", "{port}", "--speculative-config", '{"1-16": 3, "17-4096": 0}',
+                 "--api-key", "{api_key}"],
+        "api_key": "sk-abcdef123456",
+    }))
+    profile = load_profile(path, port=9001)
+    argv = profile.launch_argv()
+    assert argv[4] == "9001" and argv[6] == '{"1-16": 3, "17-4096": 0}' and argv[-1] == "sk-abcdef123456"
+    assert "sk-abcdef123456" not in profile.masked_command()
+    assert "sk-abcdef123456" not in repr(profile) and "sk-abcdef123456" not in profile.model_dump_json()
+
+
+def test_profile_toml(tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text('name = "t"\nargv = ["srv", "--port", "{port}"]\nport = 8100\n[env]\nCUDA_VISIBLE_DEVICES = "0"\n')
+    assert load_profile(path).env == {"CUDA_VISIBLE_DEVICES": "0"}
+
+
+@pytest.mark.parametrize(
+    ("data", "needle"),
+    [
+        ({"name": "x", "argv": ["s"], "port": 70000}, "port: Input should be less than or equal to 65535 (got 70000)"),
+        ({"name": "x", "argv": ["s"], "prot": 1}, "prot: unknown field"),
+        ({"name": "x"}, "argv: required field is missing"),
+        ({"name": "x", "argv": ["s"], "startup_timeout_s": -1}, "startup_timeout_s: Input should be greater than 0"),
+        ({"name": "x y", "argv": ["s"]}, "name: String should match pattern"),
+        ({"name": "x", "argv": ["A=1", "s"]}, "put environment variables in env"),
+        ({"name": "x", "argv": ["s"], "env": {"BAD-NAME": "1"}}, "env: Value error, environment variable name 'BAD-NAME'"),
+        ({"name": "x", "argv": ["s"], "cleanup_patterns": ["("]}, "not a valid regular expression"),
+        ({"name": "x", "argv": ["s"], "health_path": "health"}, "must start with '/'"),
+    ],
+)
+def test_bad_profiles_name_the_field(tmp_path: Path, data: dict, needle: str) -> None:  # type: ignore[type-arg]
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError) as err:
+        load_profile(path)
+    assert needle in str(err.value)
+
+
+def test_bad_files(tmp_path: Path) -> None:
+    (tmp_path / "a.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_profile(tmp_path / "a.json")
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_profile(tmp_path / "missing.json")
+    (tmp_path / "b.json").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(ConfigError, match="not UTF-8"):
+        load_profile(tmp_path / "b.json")
+
+
+def test_sglang_presets() -> None:
+    base = sglang_baseline("/models/kimi", tp=8)
+    assert base.launch_argv()[:5] == ["python", "-m", "sglang.launch_server", "--model-path", "/models/kimi"]
+    assert "--speculative-algorithm" not in base.argv
+    eagle = sglang_eagle3("/models/kimi", "/models/eagle3", num_steps=3, eagle_topk=1)
+    argv = eagle.launch_argv()
+    assert argv[argv.index("--speculative-algorithm") + 1] == "EAGLE3"
+    assert argv[argv.index("--speculative-draft-model-path") + 1] == "/models/eagle3"
+    assert argv[argv.index("--speculative-num-draft-tokens") + 1] == "4"
+    assert argv[argv.index("--tp") + 1] == "8"
+    assert "sglang::" in eagle.cleanup_patterns
+    with pytest.raises(ConfigError, match="num_draft_tokens"):
+        sglang_eagle3("/m", "/d", num_steps=3, eagle_topk=1, num_draft_tokens=8)
+    with pytest.raises(ConfigError, match="draft_model_path"):
+        sglang_eagle3("/m", "")

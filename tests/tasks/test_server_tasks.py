@@ -1,0 +1,83 @@
+"""The lifecycle tasks inside real flow runs (a temporary Prefect server)."""
+
+from __future__ import annotations
+
+import pytest
+from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+from prefect.context import get_run_context
+
+from flows.server_lifecycle import server_lifecycle
+from specsweep.hosts.config import HostConfig
+from specsweep.stages import LifecycleOptions, StageOptions
+from tests.conftest import pids_alive, pids_with_marker
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+async def flow_logs(flow_run_id: object, until: str = "Finished in state") -> list[str]:
+    """The run's logs as the UI shows them (written to the API in batches, so poll a little)."""
+    import asyncio
+
+    from prefect.logging.handlers import APILogHandler
+
+    messages: list[str] = []
+    for _ in range(40):
+        await APILogHandler.aflush()
+        async with get_client() as client:
+            logs = await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))  # type: ignore[list-item]
+        messages = [log.message for log in logs]
+        if any(until in m for m in messages):
+            break
+        await asyncio.sleep(0.25)
+    return messages
+
+
+async def test_lifecycle_flow_logs_progress_and_leaves_nothing(make_toy) -> None:  # type: ignore[no-untyped-def]
+    profile = make_toy("--listen-after", "0.3", "--warmup", "0.5", "--api-key", "sk-flow-secret-987")
+    state = await server_lifecycle(profile, return_state=True)
+    report = await state.result()
+    assert report.ready and report.time_to_ready_s > 0.7
+    assert pids_with_marker(profile.port) == []
+    messages = await flow_logs(state.state_details.flow_run_id)
+    joined = "\n".join(messages)
+    assert "health attempt" in joined and "is ready after" in joined
+    assert "[server] toy server pid" in joined  # server log lines forwarded into the run log
+    assert "sk-flow-secret-987" not in joined and "--api-key ***" in joined
+
+
+async def test_wait_timeout_option_fails_the_flow_and_kills_the_server(make_toy) -> None:  # type: ignore[no-untyped-def]
+    profile = make_toy("--warmup", "1000", startup_timeout_s=600)
+    stages = LifecycleOptions(wait=StageOptions(timeout_s=1.5))
+    state = await server_lifecycle(profile, stages=stages, return_state=True)
+    assert state.is_failed()
+    with pytest.raises(Exception) as err:
+        await state.result()
+    assert "timed out" in str(err.value).lower() or "TimedOut" in repr(err.value)
+    assert pids_with_marker(profile.port) == []
+
+
+async def test_startup_crash_fails_flow_with_log_tail(make_toy) -> None:  # type: ignore[no-untyped-def]
+    profile = make_toy("--crash-after", "0.3")
+    state = await server_lifecycle(profile, return_state=True)
+    assert state.is_failed()
+    messages = "\n".join(await flow_logs(state.state_details.flow_run_id))
+    assert "CUDA out of memory" in messages
+
+
+async def test_tasks_over_ssh(ssh_host_config: HostConfig, make_toy) -> None:  # type: ignore[no-untyped-def]
+    from tasks.server import kill_server, start_server, wait_for_health
+
+    profile = make_toy("--spawn-grandchild")
+
+    @flow
+    async def over_ssh() -> list[int]:
+        handle = await start_server(ssh_host_config, profile)
+        await wait_for_health(ssh_host_config, profile, handle)
+        report = await kill_server(ssh_host_config, profile, handle)
+        assert get_run_context() is not None
+        return [k.pid for k in report.killed]
+
+    killed = await over_ssh()
+    assert len(killed) >= 3 and pids_alive(killed) == []
