@@ -47,10 +47,11 @@ def main() -> None:
     start = time.monotonic()
     if args.crash_after is not None:
         time.sleep(args.crash_after)
-        print("FATAL: CUDA out of memory while loading weights (simulated)", flush=True)
+        print(f"FATAL: CUDA out of memory while loading weights (simulated) exit_at_monotonic={time.monotonic()}", flush=True)
         sys.exit(3)
     time.sleep(args.listen_after)
     ready_at = start + args.listen_after + args.warmup
+    print(f"ready_at_monotonic={ready_at}", flush=True)
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802
