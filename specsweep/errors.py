@@ -5,6 +5,7 @@
     ├── HostError                a host could not be reached or a command on it failed
     │   ├── HostKeyError         an SSH host key is unknown or changed
     │   └── CommandError         a command exited non-zero where success was required
+    ├── StoreError               results could not be written or read
     └── ServerError              the server under test misbehaved
         ├── PortBusyError        the server's port is held by another process
         ├── ServerStartError     the launch itself failed (no pid, bad log path, ...)
@@ -65,3 +66,7 @@ class HealthTimeoutError(ServerError):
 
 class KillError(ServerError):
     """A kill left processes, a held port or used GPU memory behind."""
+
+
+class StoreError(SpecsweepError):
+    """Results could not be written or read."""

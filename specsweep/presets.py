@@ -28,14 +28,18 @@ def sglang_baseline(
     python: str = "python",
     extra_args: Sequence[str] = (),
     env: dict[str, str] | None = None,
+    simulate: bool = False,
+    sim_profile: str = "kimi-k2.5-int4-8x-rtx-pro-6000",
+    sim_startup_s: float = 3.0,
 ) -> ServerProfile:
-    """SGLang without speculation."""
+    """SGLang without speculation. ``simulate`` runs specsweep's SGLang simulator with the same flags."""
     if not model_path:
         raise ConfigError("model_path is required for the SGLang presets: give the target model's path or hub id")
     if tp < 1:
         raise ConfigError(f"tp must be at least 1 (got {tp})")
-    argv = [python, "-m", "sglang.launch_server", "--model-path", model_path, "--host", "{host}", "--port", "{port}",
-            "--tp", str(tp), *extra_args]
+    module = ["specsweep.sim", "--sim-profile", sim_profile, "--startup-s", f"{sim_startup_s:g}"] if simulate else ["sglang.launch_server"]
+    argv = [python if not simulate or python != "python" else sys.executable, "-m", *module, "--model-path", model_path,
+            "--host", "{host}", "--port", "{port}", "--tp", str(tp), *extra_args]
     return make_profile(
         {
             "name": name,
@@ -67,6 +71,9 @@ def sglang_eagle3(
     python: str = "python",
     extra_args: Sequence[str] = (),
     env: dict[str, str] | None = None,
+    simulate: bool = False,
+    sim_profile: str = "kimi-k2.5-int4-8x-rtx-pro-6000",
+    sim_startup_s: float = 3.0,
 ) -> ServerProfile:
     """SGLang with EAGLE-3 speculative decoding. With topk 1, draft tokens = steps + 1."""
     if not draft_model_path:
@@ -87,9 +94,9 @@ def sglang_eagle3(
         "--speculative-eagle-topk", str(eagle_topk),
         "--speculative-num-draft-tokens", str(num_draft_tokens),
     ]
-    base = sglang_baseline(model_path, tp=tp, name=name, port=port, host=host, python=python,
-                           extra_args=[*spec, *extra_args], env=env)
-    return base
+    return sglang_baseline(model_path, tp=tp, name=name, port=port, host=host, python=python,
+                           extra_args=[*spec, *extra_args], env=env, simulate=simulate, sim_profile=sim_profile,
+                           sim_startup_s=sim_startup_s)
 
 
 def by_name(name: str, *, model_path: str | None = None, draft_model_path: str | None = None) -> ServerProfile:
@@ -100,12 +107,18 @@ def by_name(name: str, *, model_path: str | None = None, draft_model_path: str |
         return sglang_baseline(model_path or "")
     if name == "sglang-eagle3":
         return sglang_eagle3(model_path or "", draft_model_path or "")
+    if name == "sim-baseline":
+        return sglang_baseline(model_path or "moonshotai/Kimi-K2.5", simulate=True, name="sim-baseline")
+    if name == "sim-eagle3":
+        return sglang_eagle3(model_path or "moonshotai/Kimi-K2.5", draft_model_path or "lightseekorg/kimi-k2.5-eagle3",
+                             simulate=True, name="sim-eagle3")
     if name == "llamacpp-baseline":
         return llamacpp.baseline_profile(model_path=model_path)
     if name == "llamacpp-speculative":
         return llamacpp.speculative_profile(model_path=model_path, draft_model_path=draft_model_path)
     raise ConfigError(
-        f"unknown preset {name!r}: choose sglang-baseline, sglang-eagle3, llamacpp-baseline or llamacpp-speculative"
+        f"unknown preset {name!r}: choose sglang-baseline, sglang-eagle3, sim-baseline, sim-eagle3, "
+        "llamacpp-baseline or llamacpp-speculative"
     )
 
 

@@ -1,0 +1,215 @@
+"""Stream one request and record what arrived, when.
+
+One function per wire format rather than per engine: OpenAI completions, OpenAI chat,
+and SGLang's native /generate. Timing is taken when bytes arrive from the network, so
+events that arrive in one read share a timestamp (as they reached the client together).
+Tokens per chunk come from the server's running usage count when it sends one
+(``continuous_usage_stats``, SGLang's ``meta_info``); otherwise one per chunk, rescaled
+to the final ``usage`` when that differs, so that ITL under speculation is per token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+import orjson
+
+from specsweep.bench.config import RequestOptions
+from specsweep.bench.records import RequestRecord
+from specsweep.bench.workload import Prompt
+
+PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions", "generate": "/generate"}
+_perf = time.perf_counter
+
+
+def request_body(opts: RequestOptions, prompt: Prompt, output_len: int, model: str | None) -> dict[str, Any]:
+    if opts.endpoint == "generate":
+        body: dict[str, Any] = {
+            "text": prompt.text,
+            "sampling_params": {"max_new_tokens": output_len, "temperature": opts.temperature, "ignore_eos": opts.ignore_eos},
+            "stream": True,
+        }
+    else:
+        body = {
+            "max_tokens": output_len,
+            "temperature": opts.temperature,
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            "ignore_eos": opts.ignore_eos,
+        }
+        if model:
+            body["model"] = model
+        if opts.endpoint == "chat":
+            body["messages"] = [{"role": "user", "content": prompt.text}]
+        else:
+            body["prompt"] = prompt.text
+    body.update(opts.extra_body)
+    return body
+
+
+def _spread(total: int, n: int) -> list[int]:
+    base, extra = divmod(total, n)
+    return [base + (1 if i < extra else 0) for i in range(n)]
+
+
+class _Parser:
+    """Incremental SSE parser for one response."""
+
+    __slots__ = ("endpoint", "rec", "buf", "done", "malformed", "usage_tokens", "running", "gen_text_len", "gen_tokens")
+
+    def __init__(self, endpoint: str, rec: RequestRecord) -> None:
+        self.endpoint = endpoint
+        self.rec = rec
+        self.buf = b""
+        self.done = False
+        self.malformed = 0
+        self.usage_tokens: int | None = None
+        self.running: int | None = None  # last running completion_tokens seen
+        self.gen_text_len = 0
+        self.gen_tokens = 0
+
+    def feed(self, data: bytes, now: float) -> None:
+        buf = self.buf + data
+        lines = buf.split(b"\n")
+        self.buf = lines.pop()
+        for line in lines:
+            if not line.startswith(b"data:"):
+                continue  # blank lines, comments (": ping"), event names
+            payload = line[5:].strip()
+            if not payload:
+                continue
+            if payload == b"[DONE]":
+                self.done = True
+                continue
+            try:
+                event = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                self.malformed += 1
+                continue
+            if not isinstance(event, dict):
+                self.malformed += 1
+                continue
+            self._event(event, now)
+
+    def _event(self, ev: dict[str, Any], now: float) -> None:
+        rec = self.rec
+        if rec.response_id is None:
+            rid = ev.get("id") or (ev.get("meta_info") or {}).get("id")
+            rec.response_id = str(rid) if rid is not None else None
+        if self.endpoint == "generate":
+            text = ev.get("text") or ""
+            meta = ev.get("meta_info") or {}
+            tokens = meta.get("completion_tokens")
+            new_text = len(text) > self.gen_text_len
+            k = (tokens - self.gen_tokens) if isinstance(tokens, int) else (1 if new_text else 0)
+            if k > 0 or new_text:
+                self._chunk(now, max(k, 1))
+            self.gen_text_len = max(self.gen_text_len, len(text))
+            if isinstance(tokens, int):
+                self.gen_tokens = tokens
+                self.usage_tokens = tokens
+            if isinstance(meta.get("spec_verify_ct"), int):
+                rec.spec_verify_ct = meta["spec_verify_ct"]
+            if isinstance(meta.get("prompt_tokens"), int):
+                rec.prompt_tokens, rec.prompt_tokens_exact = meta["prompt_tokens"], True
+            if meta.get("finish_reason"):
+                self.done = True
+            return
+        usage = ev.get("usage")
+        choices = ev.get("choices")
+        text = None
+        if choices:
+            c0 = choices[0]
+            text = c0.get("text") if self.endpoint == "completions" else (c0.get("delta") or {}).get("content")
+        running = usage.get("completion_tokens") if isinstance(usage, dict) else None
+        if text:
+            if isinstance(running, int) and self.running is not None:
+                k = running - self.running
+            elif isinstance(running, int):
+                k = running
+            else:
+                k = 1
+            self._chunk(now, max(k, 1))
+        if isinstance(running, int):
+            self.running = running
+            self.usage_tokens = running
+        if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
+            rec.prompt_tokens, rec.prompt_tokens_exact = usage["prompt_tokens"], True
+        timings = ev.get("timings")
+        if isinstance(timings, dict) and "draft_n" in timings:
+            rec.spec_draft_tokens = int(timings.get("draft_n") or 0)
+            rec.spec_accepted_tokens = int(timings.get("draft_n_accepted") or 0)
+
+    def _chunk(self, now: float, k: int) -> None:
+        rec = self.rec
+        if rec.first_token_s is None:
+            rec.first_token_s = now
+        rec.last_token_s = now
+        rec.chunk_times_s.append(now)
+        rec.chunk_tokens.append(k)
+
+    def finish(self) -> None:
+        rec = self.rec
+        chunks = len(rec.chunk_tokens)
+        if self.usage_tokens is not None:
+            rec.output_tokens = self.usage_tokens
+            rec.output_tokens_source = "meta_info" if self.endpoint == "generate" else "usage"
+            if chunks and sum(rec.chunk_tokens) != self.usage_tokens and self.running is None:
+                # No running count: spread the server's total over the chunks that carried text.
+                rec.chunk_tokens = _spread(self.usage_tokens, chunks)
+        else:
+            rec.output_tokens = sum(rec.chunk_tokens)
+            rec.output_tokens_source = "chunks"
+
+
+async def stream_request(
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    rec: RequestRecord,
+    endpoint: str,
+    timeout_s: float,
+) -> RequestRecord:
+    """Send one streamed request and fill ``rec``; errors become fields, never exceptions."""
+    parser = _Parser(endpoint, rec)
+    rec.sent_s = _perf()
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with client.stream("POST", url, json=body, headers=headers) as resp:
+                rec.status_code = resp.status_code
+                if resp.status_code != 200:
+                    detail = (await resp.aread())[:500].decode("utf-8", errors="replace")
+                    rec.error_type, rec.error_message = "HTTPStatus", f"HTTP {resp.status_code}: {detail}"
+                else:
+                    async for data in resp.aiter_raw():
+                        parser.feed(data, _perf())
+                    if parser.buf.strip():
+                        parser.feed(b"\n", _perf())
+                    if not parser.done:
+                        rec.error_type, rec.error_message = "CutOff", "the stream ended before its final event ([DONE])"
+                    elif parser.malformed:
+                        rec.error_type = "MalformedSSE"
+                        rec.error_message = f"{parser.malformed} event(s) were not valid JSON"
+    except TimeoutError:
+        rec.error_type, rec.error_message = "Timeout", f"no complete answer within {timeout_s:g} s"
+    except httpx.HTTPError as exc:
+        # The aiohttp transport wraps its errors; the original names what happened
+        # (ServerDisconnectedError, ClientPayloadError, ...) better than httpx's mapping.
+        cause = exc.__cause__
+        if isinstance(exc, httpx.TimeoutException) and (cause is None or isinstance(cause, TimeoutError)):
+            rec.error_type, rec.error_message = "Timeout", f"{type(exc).__name__}: {exc}"
+        else:
+            err = cause if cause is not None else exc
+            rec.error_type, rec.error_message = type(err).__name__, str(err) or type(err).__name__
+    except asyncio.CancelledError:
+        rec.error_type, rec.error_message = "Cancelled", "the level was cancelled"
+        rec.end_s = _perf()
+        parser.finish()
+        raise
+    rec.end_s = _perf()
+    parser.finish()
+    return rec

@@ -1,0 +1,95 @@
+"""Settings of a benchmark: what to send, how much load, and how each level runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+Endpoint = Literal["completions", "chat", "generate"]
+
+
+class RequestOptions(BaseModel):
+    """How each request is made."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    endpoint: Endpoint = Field(
+        "completions",
+        description="completions: /v1/completions; chat: /v1/chat/completions; generate: SGLang's native /generate.",
+    )
+    model: str | None = Field(None, description="Model name sent in the request; default: the server's first model.")
+    api_key: SecretStr | None = Field(None, description="Sent as 'Authorization: Bearer ...'. Prefer a Secret block.")
+    ignore_eos: bool = Field(True, description="Generate exactly the requested output length.")
+    temperature: float = Field(0.0, ge=0, le=5, description="Sampling temperature; 0 is greedy and repeatable.")
+    timeout_s: float = Field(300.0, gt=0, le=24 * 3600, description="Limit of one request, first byte to last.")
+    extra_body: dict[str, Any] = Field(default_factory=dict, description="Extra fields merged into every request body.")
+
+
+class WorkloadConfig(BaseModel):
+    """Which prompts to send."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: Literal["synthetic", "bundled", "file"] = Field(
+        "synthetic", description="synthetic: generated text of input_len tokens; bundled: data/prompts; file: prompts_file."
+    )
+    input_len: int = Field(128, ge=1, le=1_000_000, description="Prompt length in tokens (synthetic).")
+    input_len_range: float = Field(
+        0.0, ge=0, le=1, description="Vary prompt lengths uniformly by ± this fraction of input_len (synthetic)."
+    )
+    output_len: int = Field(128, ge=1, le=1_000_000, description="Tokens to generate per request.")
+    bundled_set: str = Field("mixed", description="Name of a file in data/prompts/ (without .jsonl).")
+    prompts_file: Path | None = Field(None, description="JSONL (one {\"prompt\": ...} per line) or Parquet with a prompt column.")
+    seed: int = Field(0, description="Seed for synthetic prompts and request-rate arrivals.")
+
+    @model_validator(mode="after")
+    def _file_given(self) -> WorkloadConfig:
+        if self.source == "file" and self.prompts_file is None:
+            raise ValueError("source is 'file' but prompts_file is empty: give the path of a JSONL or Parquet file")
+        return self
+
+
+class SweepConfig(BaseModel):
+    """The load: which levels, how many requests each, and when to stop."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    concurrency: list[int] = Field(
+        default_factory=lambda: [1, 2, 4, 8], description="Closed-loop levels: requests in flight at once.", min_length=1
+    )
+    request_rate: list[float] | None = Field(
+        None, description="Open-loop levels instead: Poisson arrivals per second (latency from the scheduled time)."
+    )
+    max_concurrency: int | None = Field(None, ge=1, description="Cap on requests in flight in request-rate mode.")
+    num_requests: int = Field(32, ge=1, le=1_000_000, description="Measured requests per level.")
+    duration_s: float | None = Field(None, gt=0, description="Or: send for this long per level (requests in flight finish).")
+    warmup_requests: int = Field(2, ge=0, le=10_000, description="Requests before each level, not counted.")
+    repeats: int = Field(1, ge=1, le=100, description="Times each level is measured (for the noise estimate).")
+    stop_at_saturation: bool = Field(
+        False, description="Stop climbing once output throughput stopped rising for two levels while latency grew."
+    )
+    workers: int = Field(1, ge=1, le=64, description="Client processes per level (for client machines short of CPU).")
+
+    @field_validator("concurrency")
+    @classmethod
+    def _levels(cls, levels: list[int]) -> list[int]:
+        if any(c < 1 for c in levels):
+            raise ValueError("every concurrency level must be at least 1")
+        if any(c > 100_000 for c in levels):
+            raise ValueError("concurrency levels above 100000 are not supported")
+        return levels
+
+    @field_validator("request_rate")
+    @classmethod
+    def _rates(cls, rates: list[float] | None) -> list[float] | None:
+        if rates is not None and (not rates or any(r <= 0 for r in rates)):
+            raise ValueError("request rates must be positive numbers (requests per second)")
+        return rates
+
+    def levels(self) -> list[tuple[str, float]]:
+        """(mode, value) per level: ("concurrency", 8) or ("rate", 2.5)."""
+        if self.request_rate:
+            return [("rate", r) for r in self.request_rate]
+        return [("concurrency", float(c)) for c in self.concurrency]

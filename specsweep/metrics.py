@@ -1,0 +1,155 @@
+"""Per-request and per-level figures, as pure functions of the raw records.
+
+Definitions shared with the established serving benchmarks:
+- TTFT: scheduled send → first chunk with generated text (scheduled = sent in closed loop);
+- ITL: gaps between later text chunks; a chunk that carries k tokens (speculation) gives
+  k gaps of gap / k, so ITL is per token;
+- TPOT: (E2E − TTFT) / (output tokens − 1); None for one token or fewer;
+- E2E: scheduled send → last byte;
+- duration: first send → last completion; throughputs count completed requests;
+- achieved concurrency: Σ E2E (sent → end) / duration;
+- peak output tokens/s: the most tokens that arrived in one 1-second bucket.
+Percentiles interpolate linearly (numpy's default), as vLLM's and SGLang's benchmarks do.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from specsweep.bench.records import RequestRecord
+
+STATS = ("mean", "median", "p90", "p99")
+
+
+def ttft_s(r: RequestRecord) -> float | None:
+    return None if r.first_token_s is None else r.first_token_s - r.scheduled_s
+
+
+def e2e_s(r: RequestRecord) -> float | None:
+    return None if r.end_s is None else r.end_s - r.scheduled_s
+
+
+def tpot_s(r: RequestRecord) -> float | None:
+    ttft, e2e, n = ttft_s(r), e2e_s(r), r.output_tokens
+    if ttft is None or e2e is None or n is None or n <= 1:
+        return None
+    return (e2e - ttft) / (n - 1)
+
+
+def itl_s(r: RequestRecord) -> list[float]:
+    """Per-token inter-token latencies of one request."""
+    out: list[float] = []
+    times, tokens = r.chunk_times_s, r.chunk_tokens
+    for i in range(1, len(times)):
+        k = max(1, tokens[i])
+        out.extend([(times[i] - times[i - 1]) / k] * k)
+    return out
+
+
+def summary(values: Sequence[float], scale: float = 1000.0) -> dict[str, float | None]:
+    """mean, median, p90, p99 (× scale: seconds to ms by default); None when there are no values."""
+    if len(values) == 0:
+        return dict.fromkeys(STATS)
+    a = np.asarray(values, dtype=float) * scale
+    return {
+        "mean": float(a.mean()),
+        "median": float(np.percentile(a, 50)),
+        "p90": float(np.percentile(a, 90)),
+        "p99": float(np.percentile(a, 99)),
+    }
+
+
+def peak_output_tokens_per_s(records: Iterable[RequestRecord], start: float) -> float:
+    buckets: Counter[int] = Counter()
+    for r in records:
+        for t, k in zip(r.chunk_times_s, r.chunk_tokens):
+            buckets[int(math.floor(t - start))] += k
+    return float(max(buckets.values())) if buckets else 0.0
+
+
+def spec_from_records(records: Sequence[RequestRecord]) -> dict[str, float | None]:
+    """Per-request speculation figures summed over a level (llama.cpp timings, SGLang /generate)."""
+    ok = [r for r in records if r.ok]
+    drafted = sum(r.spec_draft_tokens or 0 for r in ok)
+    accepted = sum(r.spec_accepted_tokens or 0 for r in ok)
+    verify = sum(r.spec_verify_ct or 0 for r in ok)
+    tokens_with_verify = sum(r.output_tokens or 0 for r in ok if r.spec_verify_ct)
+    return {
+        "spec_acceptance_rate": accepted / drafted if drafted else None,
+        "spec_accept_length": tokens_with_verify / verify if verify else None,
+    }
+
+
+def spec_from_counters(before: dict[str, float], after: dict[str, float], level_output_tokens: int,
+                       tokens_before: int | None = None) -> tuple[dict[str, float | None], str | None]:
+    """A level's speculation figures from cumulative server counters read around it.
+
+    Returns the figures and how they were obtained (None when the server has no counters).
+    """
+    if "vllm_drafted" in after:
+        drafted = after["vllm_drafted"] - before.get("vllm_drafted", 0.0)
+        accepted = after.get("vllm_accepted", 0.0) - before.get("vllm_accepted", 0.0)
+        drafts = after.get("vllm_drafts", 0.0) - before.get("vllm_drafts", 0.0)
+        return ({"spec_acceptance_rate": accepted / drafted if drafted > 0 else None,
+                 "spec_accept_length": 1 + accepted / drafts if drafts > 0 else None}, "vllm /metrics difference")
+    if "sglang_avg_accept_length" in after:
+        a2 = after["sglang_avg_accept_length"]
+        for key in ("sglang_spec_verify_ct", "sglang_total_spec_verify_ct"):
+            if key in after and key in before:
+                verify = after[key] - before[key]
+                return ({"spec_accept_length": level_output_tokens / verify if verify > 0 else None,
+                         "spec_acceptance_rate": None}, "sglang verify-count difference")
+        a1 = before.get("sglang_avg_accept_length")
+        if not a1 or not tokens_before:
+            return {"spec_accept_length": a2, "spec_acceptance_rate": None}, "sglang cumulative average (no earlier load)"
+        # avg = tokens / verify steps since boot, so verify steps = tokens / avg on both sides.
+        verify = (tokens_before + level_output_tokens) / a2 - tokens_before / a1
+        value = level_output_tokens / verify if verify > 0 else None
+        return {"spec_accept_length": value, "spec_acceptance_rate": None}, "sglang cumulative average difference (approximate)"
+    return {}, None
+
+
+def level_metrics(records: Sequence[RequestRecord]) -> dict[str, Any]:
+    """Every per-level figure, with units in the names."""
+    measured = [r for r in records if not r.warmup]
+    ok = [r for r in measured if r.ok]
+    sent = [r.sent_s for r in measured if r.sent_s]
+    ends = [r.end_s for r in measured if r.end_s is not None]
+    start = min(sent) if sent else 0.0
+    duration = (max(ends) - start) if sent and ends else 0.0
+    out_tokens = sum(r.output_tokens or 0 for r in ok)
+    in_tokens = sum(r.prompt_tokens or 0 for r in ok)
+    rate = (lambda x: x / duration if duration > 0 else 0.0)
+    m: dict[str, Any] = {
+        "requests": len(measured),
+        "completed": len(ok),
+        "failed": len(measured) - len(ok),
+        "duration_s": duration,
+        "request_throughput_per_s": rate(len(ok)),
+        "input_tokens_total": in_tokens,
+        "output_tokens_total": out_tokens,
+        "input_tokens_per_s": rate(in_tokens),
+        "output_tokens_per_s": rate(out_tokens),
+        "total_tokens_per_s": rate(in_tokens + out_tokens),
+        "achieved_concurrency": sum((r.end_s or r.sent_s) - r.sent_s for r in measured) / duration if duration > 0 else 0.0,
+        "peak_output_tokens_per_s": peak_output_tokens_per_s(measured, start),
+        "input_tokens_exact": bool(ok) and all(r.prompt_tokens_exact for r in ok),
+        "output_tokens_source": ",".join(sorted({r.output_tokens_source for r in ok})) or "none",
+        "errors": ", ".join(f"{k}: {v}" for k, v in Counter(r.error_type for r in measured if not r.ok).most_common()),
+    }
+    series = {
+        "ttft_ms": [x for r in ok if (x := ttft_s(r)) is not None],
+        "tpot_ms": [x for r in ok if (x := tpot_s(r)) is not None],
+        "itl_ms": [x for r in ok for x in itl_s(r)],
+        "e2e_ms": [x for r in ok if (x := e2e_s(r)) is not None],
+    }
+    for name, values in series.items():
+        for stat, value in summary(values).items():
+            m[f"{name}_{stat}"] = value
+    m.update(spec_from_records(measured))
+    return m

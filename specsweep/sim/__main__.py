@@ -1,0 +1,3 @@
+from specsweep.sim.server import main
+
+main()

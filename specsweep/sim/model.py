@@ -1,0 +1,96 @@
+"""The performance model: one engine loop steps every running request together.
+
+A step's time grows with the batch: ``t(b) = sqrt(t1² + (b / R)²)`` — about ``t1`` for a
+single stream (memory-bound decode) and ``b / R`` once compute-bound, so throughput
+rises with concurrency and flattens at ``R`` steps·requests per second. Without
+speculation a step emits one token per request. With speculation (EAGLE-style) a verify
+step costs more and emits 1..(steps+1) tokens per request: the first token always, then
+each draft token while the previous ones were accepted, with a per-token acceptance
+probability solved so that the mean matches the profile's accept length.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SimProfile:
+    name: str
+    description: str
+    base_step_s: float  # t1 without speculation
+    base_rate: float  # R without speculation (requests·steps per second when compute-bound)
+    spec_step_s: float  # t1 of a verify step
+    spec_rate: float  # R of verify steps
+    accept_length: float  # mean tokens per verify step per request
+    max_running_requests: int = 256
+    direct: bool = False  # stream without the engine loop, as fast as possible (client speed tests)
+    token_interval_s: float | None = None  # fixed pacing per token, batch-independent (timing tests)
+
+
+PROFILES: dict[str, SimProfile] = {
+    # Calibrated to the published runs (SGLang, TP8, PCIe): baseline 92.6 tok/s single stream,
+    # ~773 saturated; EAGLE-3 96.1 single stream, ~340-354 saturated (C >= 70), accept length 2.
+    "kimi-k2.5-int4-8x-rtx-pro-6000": SimProfile(
+        name="kimi-k2.5-int4-8x-rtx-pro-6000",
+        description="Kimi-K2.5 1T INT4 MoE on 8x RTX PRO 6000 Blackwell (PCIe, TP8), SGLang",
+        base_step_s=0.01072,
+        base_rate=773.0,
+        spec_step_s=0.02000,
+        spec_rate=173.5,
+        accept_length=2.0,
+    ),
+    "instant": SimProfile(
+        name="instant", description="streams every token at once, one per SSE event (client speed tests)",
+        base_step_s=0.0, base_rate=math.inf, spec_step_s=0.0, spec_rate=math.inf, accept_length=1.0, direct=True,
+    ),
+    "paced-5ms": SimProfile(
+        name="paced-5ms", description="one token every 5 ms per request, whatever the load (timing tests)",
+        base_step_s=0.005, base_rate=math.inf, spec_step_s=0.005, spec_rate=math.inf, accept_length=1.0,
+        direct=True, token_interval_s=0.005,
+    ),
+    "tiny-fast": SimProfile(
+        name="tiny-fast", description="a fast small model for quick tests: 400 tok/s single stream",
+        base_step_s=0.0025, base_rate=4000.0, spec_step_s=0.004, spec_rate=1200.0, accept_length=2.5,
+    ),
+}
+
+
+def step_time(b: int, t1: float, rate: float) -> float:
+    if b <= 0:
+        return 0.0
+    compute = 0.0 if math.isinf(rate) else b / rate
+    return math.sqrt(t1 * t1 + compute * compute)
+
+
+def acceptance_probability(mean_length: float, max_draft: int) -> float:
+    """p such that 1 + p + p² + ... + p^max_draft = mean_length (bisection)."""
+    if mean_length <= 1.0 or max_draft <= 0:
+        return 0.0
+    if mean_length >= max_draft + 1:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if sum(mid**i for i in range(max_draft + 1)) < mean_length:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def sample_accepted(rng: random.Random, p: float, max_draft: int) -> int:
+    """Tokens one verify step emits for one request: 1 + consecutive accepted drafts."""
+    n = 1
+    while n <= max_draft and rng.random() < p:
+        n += 1
+    return n
+
+
+def expected_throughput(profile: SimProfile, b: int, speculative: bool) -> float:
+    """Steady-state output tokens/s at batch b (for calibration checks)."""
+    if speculative:
+        return b * profile.accept_length / step_time(b, profile.spec_step_s, profile.spec_rate)
+    return b / step_time(b, profile.base_step_s, profile.base_rate)

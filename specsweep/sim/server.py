@@ -1,0 +1,463 @@
+"""``specsweep sim``: an SGLang-compatible server process driven by the performance model.
+
+Takes SGLang's launch flags (so one profile runs against the simulator or a real SGLang
+with only the program changed) plus its own: ``--sim-profile``, ``--startup-s``,
+``--seed`` and faults. Health behaves as SGLang's: the port refuses connections while
+"loading weights", /health answers 503 while "warming up", then 200 with an empty body.
+``GET /sim/token_times?id=ID`` returns the monotonic time each token of a request was
+written to the socket, so a client's timing error can be measured against the truth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import logging
+import os
+import random
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from specsweep.sim.model import PROFILES, SimProfile, acceptance_probability, sample_accepted, step_time
+
+log = logging.getLogger("specsweep.sim")
+_perf = time.perf_counter
+_WORDS = ("the model serves tokens quickly while the batch grows and the cache fills with keys values "
+          "river light music garden window letter story answer number system").split()
+_TOKEN_RX = re.compile(r"\w+|[^\w\s]")
+VERSION = "0.5.4-specsweep-sim"
+
+
+def count_tokens(text: str) -> int:
+    return max(1, len(_TOKEN_RX.findall(text)))
+
+
+@dataclass
+class Faults:
+    crash_on_start: bool = False
+    never_healthy: bool = False
+    die_after: int | None = None
+    hang_after: int | None = None
+    error_rate: float = 0.0
+    cut_rate: float = 0.0
+    malformed_rate: float = 0.0
+    stall_s: float = 0.0  # pause this long mid-stream, once per request (a trickling server)
+
+
+@dataclass
+class SimRequest:
+    rid: str
+    max_tokens: int
+    queue: asyncio.Queue[int] = field(default_factory=asyncio.Queue)
+    emitted: int = 0
+    verify_ct: int = 0
+    cancelled: bool = False
+
+
+class Engine:
+    """Continuous batching: one loop steps all running requests together."""
+
+    def __init__(self, profile: SimProfile, speculative: bool, max_draft: int, max_running: int, rng: random.Random) -> None:
+        self.profile = profile
+        self.speculative = speculative
+        self.max_draft = max_draft
+        self.max_running = max_running
+        self.rng = rng
+        self.p = acceptance_probability(profile.accept_length, max_draft) if speculative else 0.0
+        self.running: list[SimRequest] = []
+        self.waiting: collections.deque[SimRequest] = collections.deque()
+        self.wake = asyncio.Event()
+        self.hung = False
+        self.total_tokens = 0
+        self.total_verify = 0
+
+    @property
+    def avg_accept_length(self) -> float:
+        return self.total_tokens / self.total_verify if self.total_verify else 0.0
+
+    def submit(self, req: SimRequest) -> None:
+        self.waiting.append(req)
+        self.wake.set()
+
+    async def loop(self) -> None:
+        next_t = _perf()
+        while True:
+            while self.waiting and len(self.running) < self.max_running:
+                self.running.append(self.waiting.popleft())
+            self.running = [r for r in self.running if not r.cancelled]
+            if not self.running or self.hung:
+                self.wake.clear()
+                await self.wake.wait()
+                next_t = _perf()
+                continue
+            b = len(self.running)
+            if self.speculative:
+                dt = step_time(b, self.profile.spec_step_s, self.profile.spec_rate)
+            else:
+                dt = step_time(b, self.profile.base_step_s, self.profile.base_rate)
+            next_t = max(next_t + dt, _perf() - 0.05)  # keep the schedule; do not bank lost time
+            delay = next_t - _perf()
+            await asyncio.sleep(delay if delay > 0 else 0)
+            if self.hung:
+                continue
+            done = []
+            for r in self.running:
+                k = sample_accepted(self.rng, self.p, self.max_draft) if self.speculative else 1
+                k = min(k, r.max_tokens - r.emitted)
+                r.emitted += k
+                r.verify_ct += 1
+                self.total_tokens += k
+                self.total_verify += 1
+                r.queue.put_nowait(k)
+                if r.emitted >= r.max_tokens:
+                    done.append(r)
+            if done:
+                self.running = [r for r in self.running if r.emitted < r.max_tokens]
+
+
+class SimServer:
+    def __init__(self, args: argparse.Namespace, ignored: list[str]) -> None:
+        self.args = args
+        self.ignored = ignored
+        self.profile = PROFILES[args.sim_profile]
+        self.speculative = bool(args.speculative_algorithm)
+        self.max_draft = args.speculative_num_steps if self.speculative else 0
+        self.rng = random.Random(args.seed)
+        max_running = args.max_running_requests or self.profile.max_running_requests
+        self.engine = Engine(self.profile, self.speculative, self.max_draft, max_running, self.rng)
+        self.faults = Faults(
+            crash_on_start=args.fault_crash_on_start, never_healthy=args.fault_never_healthy,
+            die_after=args.fault_die_after, hang_after=args.fault_hang_after, error_rate=args.fault_error_rate,
+            cut_rate=args.fault_cut_rate, malformed_rate=args.fault_malformed_rate, stall_s=args.fault_stall_s,
+        )
+        self.ready_at = 0.0
+        self.requests_started = 0
+        self.requests_finished = 0
+        self._token_log: collections.OrderedDict[str, list[float]] = collections.OrderedDict()
+        self.seq = 0
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def model_name(self) -> str:
+        return self.args.served_model_name or self.args.model_path
+
+    def _new_id(self) -> str:
+        self.seq += 1
+        return f"sim-{os.getpid()}-{self.seq}"
+
+    def _times(self, rid: str) -> list[float]:
+        times: list[float] = []
+        self._token_log[rid] = times
+        while len(self._token_log) > 20000:
+            self._token_log.popitem(last=False)
+        return times
+
+    def _text(self, k: int, start: int) -> str:
+        return "".join(" " + _WORDS[(start + i) % len(_WORDS)] for i in range(k))
+
+    def _check_generation_faults(self) -> web.Response | None:
+        self.requests_started += 1
+        if self.faults.hang_after is not None and self.requests_started > self.faults.hang_after:
+            if not self.engine.hung:
+                log.warning("fault: generation hangs from now on (health stays 200)")
+            self.engine.hung = True
+        if self.faults.error_rate and self.rng.random() < self.faults.error_rate:
+            return web.json_response({"object": "error", "message": "simulated internal error", "code": 500}, status=500)
+        return None
+
+    def _finished_one(self) -> None:
+        self.requests_finished += 1
+        if self.faults.die_after is not None and self.requests_finished >= self.faults.die_after:
+            log.error("fault: dying after %d requests", self.requests_finished)
+            sys.stdout.flush()
+            os._exit(1)
+
+    # -- token production ---------------------------------------------------------------------
+
+    async def _tokens(self, n: int):  # type: ignore[no-untyped-def]
+        """Yield k (tokens per chunk) until n tokens have been produced."""
+        if self.profile.direct:
+            interval = self.profile.token_interval_s
+            t0 = _perf()
+            for i in range(n):
+                if interval:
+                    delay = t0 + (i + 1) * interval - _perf()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                yield 1
+            return
+        req = SimRequest(self._new_id(), n)
+        self.engine.submit(req)
+        try:
+            got = 0
+            while got < n:
+                k = await req.queue.get()
+                got += k
+                yield k
+        finally:
+            req.cancelled = True
+            self.engine.wake.set()
+
+    # -- endpoints ---------------------------------------------------------------------------
+
+    async def health(self, request: web.Request) -> web.Response:
+        if self.faults.never_healthy or _perf() < self.ready_at:
+            return web.Response(status=503)
+        return web.Response(status=200)
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        return web.json_response({"model_path": self.args.model_path, "tokenizer_path": self.args.model_path,
+                                  "is_generation": True})
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        args = {k: v for k, v in vars(self.args).items() if not k.startswith(("fault_", "sim_")) and k != "api_key"}
+        return web.json_response({
+            **args,
+            "version": VERSION,
+            "sim_profile": self.profile.name,
+            "ignored_args": self.ignored,
+            "internal_states": [{
+                # Cumulative since start, as SGLang's is: take differences around a level.
+                "avg_spec_accept_length": self.engine.avg_accept_length if self.speculative else None,
+                "last_gen_throughput": 0.0,
+            }],
+        })
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": self.model_name(), "object": "model", "created": int(time.time()), "owned_by": "sglang", "root": self.model_name()}
+        ]})
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        text = body.get("prompt") or body.get("text") or body.get("content") or ""
+        n = count_tokens(text)
+        return web.json_response({"tokens": list(range(n)), "count": n, "max_model_len": 262144})
+
+    async def token_times(self, request: web.Request) -> web.Response:
+        rid = request.query.get("id", "")
+        if rid not in self._token_log:
+            return web.json_response({"error": f"unknown request id {rid!r}"}, status=404)
+        return web.json_response({"id": rid, "clock": "CLOCK_MONOTONIC (time.perf_counter)", "token_times_s": self._token_log[rid]})
+
+    def _auth(self, request: web.Request) -> web.Response | None:
+        if self.args.api_key and request.headers.get("Authorization") != f"Bearer {self.args.api_key}":
+            return web.json_response({"error": "invalid API key"}, status=401)
+        return None
+
+    async def openai(self, request: web.Request) -> web.StreamResponse:
+        chat = request.path.endswith("/chat/completions")
+        if (denied := self._auth(request)) is not None:
+            return denied
+        body = await request.json()
+        if (fault := self._check_generation_faults()) is not None:
+            return fault
+        max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+        if not body.get("ignore_eos", False):
+            max_tokens = min(max_tokens, self.rng.randint(8, 512))
+        prompt = (" ".join(m.get("content", "") for m in body.get("messages", []) if isinstance(m.get("content"), str))
+                  if chat else str(body.get("prompt", "")))
+        prompt_tokens = count_tokens(prompt)
+        rid = self._new_id()
+        created = int(time.time())
+        model = body.get("model") or self.model_name()
+        opts = body.get("stream_options") or {}
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        if not body.get("stream"):
+            produced, text, steps = 0, "", 0
+            async for k in self._tokens(max_tokens):
+                text += self._text(k, produced)
+                produced += k
+                steps += 1
+            self._finished_one()
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": produced, "total_tokens": prompt_tokens + produced}
+            choice: dict[str, Any] = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
+                                      if chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"})
+            return web.json_response({"id": rid, "object": "chat.completion" if chat else "text_completion",
+                                      "created": created, "model": model, "choices": [choice], "usage": usage})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        times = self._times(rid)
+        cut_at = self.rng.randint(1, max(1, max_tokens - 1)) if self.faults.cut_rate and self.rng.random() < self.faults.cut_rate else None
+        malformed_at = self.rng.randint(1, max(1, max_tokens - 1)) if self.faults.malformed_rate and self.rng.random() < self.faults.malformed_rate else None
+        stall_at = max_tokens // 2 if self.faults.stall_s else None
+        produced = 0
+        continuous = bool(opts.get("continuous_usage_stats"))
+        async for k in self._tokens(max_tokens):
+            text = self._text(k, produced)
+            produced += k
+            finish = "length" if produced >= max_tokens else None
+            choice = ({"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": finish}
+                      if chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": finish})
+            event: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
+            if continuous:
+                event["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": produced,
+                                  "total_tokens": prompt_tokens + produced}
+            await resp.write(b"data: " + orjson.dumps(event) + b"\n\n")
+            now = _perf()
+            times.extend([now] * k)
+            if malformed_at is not None and produced >= malformed_at:
+                malformed_at = None
+                await resp.write(b'data: {"id": "' + rid.encode() + b'", "choices": [\n\n')
+            if cut_at is not None and produced >= cut_at:
+                log.warning("fault: cutting request %s off after %d tokens", rid, produced)
+                request.transport.close() if request.transport else None  # type: ignore[func-returns-value]
+                return resp
+            if stall_at is not None and produced >= stall_at:
+                stall_at = None
+                await asyncio.sleep(self.faults.stall_s)
+        if opts.get("include_usage"):
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": produced, "total_tokens": prompt_tokens + produced}
+            await resp.write(b"data: " + orjson.dumps({"id": rid, "object": obj, "created": created, "model": model,
+                                                       "choices": [], "usage": usage}) + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        self._finished_one()
+        return resp
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        if (denied := self._auth(request)) is not None:
+            return denied
+        body = await request.json()
+        if (fault := self._check_generation_faults()) is not None:
+            return fault
+        sp = body.get("sampling_params") or {}
+        max_tokens = int(sp.get("max_new_tokens") or 128)
+        if not sp.get("ignore_eos", False):
+            max_tokens = min(max_tokens, self.rng.randint(8, 512))
+        prompt_tokens = count_tokens(str(body.get("text", "")))
+        rid = self._new_id()
+        text, produced, steps = "", 0, 0
+
+        def meta(done: bool) -> dict[str, Any]:
+            m: dict[str, Any] = {"id": rid, "prompt_tokens": prompt_tokens, "completion_tokens": produced,
+                                 "cached_tokens": 0, "finish_reason": {"type": "length", "length": produced} if done else None}
+            if self.speculative:
+                m["spec_verify_ct"] = steps
+            return m
+
+        if not body.get("stream"):
+            async for k in self._tokens(max_tokens):
+                text += self._text(k, produced)
+                produced += k
+                steps += 1
+            self._finished_one()
+            return web.json_response({"text": text, "meta_info": meta(True)})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        times = self._times(rid)
+        async for k in self._tokens(max_tokens):
+            text += self._text(k, produced)
+            produced += k
+            steps += 1
+            await resp.write(b"data: " + orjson.dumps({"text": text, "meta_info": meta(produced >= max_tokens)}) + b"\n\n")
+            times.extend([_perf()] * k)
+        await resp.write(b"data: [DONE]\n\n")
+        self._finished_one()
+        return resp
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
+    ap = argparse.ArgumentParser(prog="specsweep sim", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model-path", "--model", default="moonshotai/Kimi-K2.5")
+    ap.add_argument("--served-model-name", default=None)
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=30000)
+    ap.add_argument("--tp-size", "--tp", type=int, default=1, dest="tp_size")
+    ap.add_argument("--speculative-algorithm", default=None, choices=["EAGLE", "EAGLE3", "NEXTN", "MTP", None])
+    ap.add_argument("--speculative-draft-model-path", default=None)
+    ap.add_argument("--speculative-num-steps", type=int, default=3)
+    ap.add_argument("--speculative-eagle-topk", type=int, default=1)
+    ap.add_argument("--speculative-num-draft-tokens", type=int, default=None)
+    ap.add_argument("--max-running-requests", type=int, default=None)
+    ap.add_argument("--api-key", default=None)
+    ap.add_argument("--sim-profile", default="kimi-k2.5-int4-8x-rtx-pro-6000", choices=sorted(PROFILES))
+    ap.add_argument("--startup-s", type=float, default=3.0, help="seconds until healthy: 60%% loading (refused), 40%% warm-up (503)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--fault-crash-on-start", action="store_true", help="exit 1 while loading weights")
+    ap.add_argument("--fault-never-healthy", action="store_true", help="/health answers 503 forever")
+    ap.add_argument("--fault-die-after", type=int, default=None, metavar="N", help="exit abruptly after N requests")
+    ap.add_argument("--fault-hang-after", type=int, default=None, metavar="N", help="generation hangs after N requests; /health stays 200")
+    ap.add_argument("--fault-error-rate", type=float, default=0.0, help="fraction of requests answered 500")
+    ap.add_argument("--fault-cut-rate", type=float, default=0.0, help="fraction of streams cut off mid-way")
+    ap.add_argument("--fault-malformed-rate", type=float, default=0.0, help="fraction of streams with a malformed SSE line")
+    ap.add_argument("--fault-stall-s", type=float, default=0.0, help="pause every stream this long half-way")
+    args, unknown = ap.parse_known_args(argv)
+    if args.speculative_algorithm and args.speculative_eagle_topk == 1 and args.speculative_num_draft_tokens not in (
+        None, args.speculative_num_steps + 1
+    ):
+        ap.error("with --speculative-eagle-topk 1, --speculative-num-draft-tokens must be --speculative-num-steps + 1")
+    return args, unknown
+
+
+async def serve(args: argparse.Namespace, ignored: list[str]) -> None:
+    sim = SimServer(args, ignored)
+    log.info("specsweep sim %s: profile %s (%s), speculation %s, max running requests %d",
+             VERSION, sim.profile.name, sim.profile.description, args.speculative_algorithm or "off", sim.engine.max_running)
+    if ignored:
+        log.info("ignored SGLang arguments (accepted, no effect in the simulator): %s", " ".join(ignored))
+    log.info("Load weight begin. model %s, tp %d", args.model_path, args.tp_size)
+    load_s, warm_s = args.startup_s * 0.6, args.startup_s * 0.4
+    await asyncio.sleep(load_s)
+    if args.fault_crash_on_start:
+        log.error("fault: RuntimeError: CUDA error: out of memory while loading weights (simulated crash)")
+        sys.stdout.flush()
+        os._exit(1)
+    log.info("Load weight end. KV cache allocated; capturing CUDA graphs")
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    r = app.router
+    r.add_get("/health", sim.health)
+    r.add_get("/health_generate", sim.health)
+    r.add_get("/get_model_info", sim.model_info)
+    r.add_get("/model_info", sim.model_info)
+    r.add_get("/get_server_info", sim.server_info)
+    r.add_get("/server_info", sim.server_info)
+    r.add_get("/v1/models", sim.models)
+    r.add_post("/v1/completions", sim.openai)
+    r.add_post("/v1/chat/completions", sim.openai)
+    r.add_post("/generate", sim.generate)
+    r.add_post("/tokenize", sim.tokenize)
+    r.add_get("/sim/token_times", sim.token_times)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port, backlog=4096, reuse_address=True)
+    await site.start()
+    sim.ready_at = _perf() + warm_s
+    engine_task = asyncio.create_task(sim.engine.loop())
+    await asyncio.sleep(warm_s)
+    if args.fault_never_healthy:
+        log.warning("fault: /health will answer 503 forever")
+    else:
+        log.info("The server is fired up and ready to roll!")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    import signal
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("received a stop signal: shutting down")
+    engine_task.cancel()
+    await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", stream=sys.stdout)
+    args, ignored = parse_args(argv)
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(serve(args, ignored))
+
+
+if __name__ == "__main__":
+    main()
