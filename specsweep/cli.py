@@ -7,7 +7,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Optional  # noqa: UP035
 
 import typer
 
@@ -258,6 +258,114 @@ def make_models_cmd(
         typer.echo(f"draft acceptance measured: {rate:.0%} of {tokens} drafted tokens (draft-simple, draft max 4)")
     else:
         typer.echo("draft acceptance expected: about 80 % (draft-simple, draft max 4); --measure measures it")
+
+
+def _csv_numbers(text: str | None, kind: type, name: str) -> list | None:  # type: ignore[type-arg]
+    if text is None:
+        return None
+    try:
+        return [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"{name} must be a comma-separated list of numbers, like 1,8,64 (got {text!r})") from None
+
+
+@app.command("bench", context_settings={"help_option_names": ["-h", "--help"]})
+def bench(
+    url: Annotated[str, typer.Option(help="Base URL of a running server, e.g. http://127.0.0.1:30000.")],
+    concurrency: Annotated[str, typer.Option(help="Closed-loop levels, comma-separated.")] = "1,8,64",
+    request_rate: Annotated[Optional[str], typer.Option(help="Open-loop levels instead: requests/s, comma-separated.")] = None,
+    num_prompts: Annotated[int, typer.Option(help="Measured requests per level.")] = 64,
+    input_len: Annotated[int, typer.Option(help="Prompt length in tokens (synthetic prompts).")] = 128,
+    output_len: Annotated[int, typer.Option(help="Tokens to generate per request.")] = 128,
+    endpoint: Annotated[str, typer.Option(help="completions, chat or generate (SGLang native).")] = "completions",
+    dataset: Annotated[str, typer.Option(help="synthetic, bundled or file.")] = "synthetic",
+    prompts_file: Annotated[Optional[Path], typer.Option(help="JSONL or Parquet prompts (with --dataset file).")] = None,
+    warmup: Annotated[int, typer.Option(help="Warm-up requests per level, not counted.")] = 2,
+    repeats: Annotated[int, typer.Option(help="Times each level is measured.")] = 1,
+    workers: Annotated[int, typer.Option(help="Client processes per level.")] = 1,
+    stop_at_saturation: Annotated[bool, typer.Option(help="Stop once throughput stops rising while latency grows.")] = False,
+    timeout: Annotated[float, typer.Option(help="Per-request timeout in seconds.")] = 300.0,
+    api_key_env: Annotated[Optional[str], typer.Option(help="Read the API key from this environment variable.")] = None,
+    name: Annotated[str, typer.Option(help="Configuration name stored with the run.")] = "bench",
+    results: Annotated[Path, typer.Option(help="Results root (Parquet).")] = Path("data/results"),
+) -> None:
+    """Benchmark a server that is already running; store every level as it ends and print the summary."""
+    import os
+
+    from pydantic import ValidationError
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
+    from specsweep.bench.measure import BenchTarget, run_row, run_sweep
+    from specsweep.fingerprint import server_fingerprint
+    from specsweep.profiles import describe_validation_error
+    from specsweep.report import summary_table
+    from specsweep.store import ResultsStore, new_run_id, now_iso
+
+    _setup_logging(verbose=False)
+    console = Console(stderr=True)
+    try:
+        try:
+            api_key = os.environ.get(api_key_env) if api_key_env else None
+            if api_key_env and not api_key:
+                raise ConfigError(f"--api-key-env {api_key_env}: that environment variable is not set")
+            target = BenchTarget(base_url=url, request=RequestOptions(endpoint=endpoint, api_key=api_key, timeout_s=timeout))  # type: ignore[arg-type]
+            workload = WorkloadConfig(source=dataset, input_len=input_len, output_len=output_len,  # type: ignore[arg-type]
+                                      prompts_file=prompts_file)
+            sweep = SweepConfig(concurrency=_csv_numbers(concurrency, int, "--concurrency") or [1],
+                                request_rate=_csv_numbers(request_rate, float, "--request-rate"), num_requests=num_prompts,
+                                warmup_requests=warmup, repeats=repeats, workers=workers, stop_at_saturation=stop_at_saturation)
+        except ValidationError as exc:
+            raise ConfigError(describe_validation_error(exc, "benchmark options")) from None
+        store = ResultsStore(results)
+        store.check_writable()
+        run_id = new_run_id(name)
+        started = now_iso()
+        fp = asyncio.run(server_fingerprint(url))
+        store.write_run(run_id, run_row(config_name=name, engine="unknown", base_url=url, workload=workload, sweep=sweep,
+                                        started_at=started, status="running", fingerprint=fp))
+        total = len(sweep.levels()) * repeats * num_prompts
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, transient=False) as progress:
+            bar = progress.add_task("requests", total=total)
+
+            def level_done(row: dict[str, Any]) -> None:
+                lvl = row["concurrency"] if row["concurrency"] is not None else f"{row['request_rate_per_s']:g}/s"
+                progress.console.print(
+                    f"level {lvl}: {row['output_tokens_per_s']:.1f} output tok/s, TTFT median "
+                    f"{(row['ttft_ms_median'] or 0):.1f} ms, {row['failed']} failed"
+                    + ("  [client was the bottleneck]" if row["client_bottleneck"] else "")
+                )
+
+            status, error = "completed", None
+            try:
+                rows = asyncio.run(run_sweep(target, workload, sweep, store=store, run_id=run_id, config_name=name,
+                                             on_level=level_done, on_request=lambda _r: progress.advance(bar)))
+            except BaseException as exc:
+                status, error = ("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"), str(exc)
+                raise
+            finally:
+                store.write_run(run_id, run_row(config_name=name, engine="unknown", base_url=url, workload=workload,
+                                                sweep=sweep, started_at=started, status=status, fingerprint=fp,
+                                                ended_at=now_iso(), error=error))
+    except SpecsweepError as exc:
+        _fail(exc)
+    except RuntimeError as exc:
+        _fail(exc)
+    Console(width=None if sys.stdout.isatty() else 200).print(summary_table(rows, title=f"{name} ({url})"))
+    typer.echo(f"run id: {run_id}")
+    typer.echo(f"results: {store.root}/levels/run_id={run_id}/ (levels), requests/ and runs/ beside it")
+
+
+@app.command("sim", context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []})
+def sim(ctx: typer.Context) -> None:
+    """Run the SGLang-compatible simulator (SGLang's launch flags plus --sim-profile, --startup-s, --seed, --fault-*).
+
+    Pass --help after 'sim' for its own options."""
+    from specsweep.sim.server import main as sim_main
+
+    sim_main(list(ctx.args))
 
 
 def main() -> None:

@@ -118,7 +118,7 @@ def level_metrics(records: Sequence[RequestRecord]) -> dict[str, Any]:
     """Every per-level figure, with units in the names."""
     measured = [r for r in records if not r.warmup]
     ok = [r for r in measured if r.ok]
-    sent = [r.sent_s for r in measured if r.sent_s]
+    sent = [r.sent_s for r in measured if r.sent_s is not None]
     ends = [r.end_s for r in measured if r.end_s is not None]
     start = min(sent) if sent else 0.0
     duration = (max(ends) - start) if sent and ends else 0.0
@@ -136,7 +136,10 @@ def level_metrics(records: Sequence[RequestRecord]) -> dict[str, Any]:
         "input_tokens_per_s": rate(in_tokens),
         "output_tokens_per_s": rate(out_tokens),
         "total_tokens_per_s": rate(in_tokens + out_tokens),
-        "achieved_concurrency": sum((r.end_s or r.sent_s) - r.sent_s for r in measured) / duration if duration > 0 else 0.0,
+        "achieved_concurrency": (
+            sum(r.end_s - r.sent_s for r in measured if r.end_s is not None and r.sent_s is not None) / duration
+            if duration > 0 else 0.0
+        ),
         "peak_output_tokens_per_s": peak_output_tokens_per_s(measured, start),
         "input_tokens_exact": bool(ok) and all(r.prompt_tokens_exact for r in ok),
         "output_tokens_source": ",".join(sorted({r.output_tokens_source for r in ok})) or "none",

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from specsweep import metrics
 from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
+from specsweep.bench.records import RequestRecord
 from specsweep.bench.runner import LevelRun, auth_headers, run_level
 from specsweep.bench.workload import Prompt, build_prompts, http_tokenizer
 from specsweep.store import ResultsStore, epoch_iso
@@ -60,12 +61,12 @@ def request_rows(run: LevelRun) -> list[dict[str, Any]]:
     rows = []
     for r in run.records:
         row = r.as_row()
-        sent = r.sent_s
+        sent = r.sent_s if r.sent_s is not None else r.scheduled_s
         row["chunk_times_s"] = [t - sent for t in r.chunk_times_s]  # offsets from the send, seconds
         row["ttft_ms"] = None if (x := metrics.ttft_s(r)) is None else x * 1000
         row["e2e_ms"] = None if (x := metrics.e2e_s(r)) is None else x * 1000
         row["tpot_ms"] = None if (x := metrics.tpot_s(r)) is None else x * 1000
-        row["send_delay_ms"] = (r.sent_s - r.scheduled_s) * 1000
+        row["send_delay_ms"] = None if r.sent_s is None else (r.sent_s - r.scheduled_s) * 1000
         row.update(mode=run.mode, level_value=run.value, repeat=run.repeat)
         rows.append(row)
     return rows
@@ -111,19 +112,20 @@ async def measure_level(
     value: float,
     repeat: int = 0,
     tokens_before: int | None = None,
+    on_request: Callable[[RequestRecord], None] | None = None,
 ) -> dict[str, Any]:
     """Run one level, write it to the store (atomically) and return its row."""
     count = sweep.num_requests if sweep.duration_s is None else max(sweep.num_requests, 256)
     prompts = await prompts_for(target, workload, count)
     model = await server_model(target)
     run = await run_level(target.base_url, target.request, prompts, workload.output_len, sweep, mode, value,
-                          repeat=repeat, model=model)
+                          repeat=repeat, model=model, on_request=on_request)
     row = level_row(run, config_name=config_name, level_index=level_index, tokens_before=tokens_before)
     store.write_level(run_id, level_key(level_index, mode, value, repeat), row, request_rows(run))
     return row
 
 
-def saturated(rows: list[dict[str, Any]], *, min_gain: float = 0.02) -> bool:
+def saturated(rows: list[dict[str, Any]], *, min_gain: float = 0.05) -> bool:
     """True once output throughput stopped rising for two levels while latency grew.
 
     ``rows`` are per-level figures in sweep order (one per level, repeats merged).
@@ -161,6 +163,7 @@ async def run_sweep(
     run_id: str,
     config_name: str,
     on_level: Callable[[dict[str, Any]], None] | None = None,
+    on_request: Callable[[RequestRecord], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Every level in order, each written as soon as it ends; stops early at saturation if asked."""
     merged: list[dict[str, Any]] = []
@@ -169,7 +172,8 @@ async def run_sweep(
         reps = []
         for repeat in range(sweep.repeats):
             row = await measure_level(target, workload, sweep, store=store, run_id=run_id, config_name=config_name,
-                                      level_index=index, mode=mode, value=value, repeat=repeat, tokens_before=tokens)
+                                      level_index=index, mode=mode, value=value, repeat=repeat, tokens_before=tokens,
+                                      on_request=on_request)
             tokens += int(row["output_tokens_total"])
             reps.append(row)
             if on_level:
@@ -178,3 +182,46 @@ async def run_sweep(
         if sweep.stop_at_saturation and saturated(merged):
             break
     return merged
+
+
+def run_row(
+    *,
+    config_name: str,
+    engine: str,
+    base_url: str,
+    workload: WorkloadConfig,
+    sweep: SweepConfig,
+    started_at: str,
+    status: str,
+    fingerprint: dict[str, Any] | None = None,
+    command: str | None = None,
+    host: str | None = None,
+    flow_run_id: str | None = None,
+    ended_at: str | None = None,
+    time_to_ready_s: float | None = None,
+    error: str | None = None,
+) -> dict[str, Any]:
+    """The row of the runs dataset. The fingerprint's fields become columns (gpu, driver, engine_version, model)."""
+    fp = dict(fingerprint or {})
+    row: dict[str, Any] = {
+        "flow_run_id": flow_run_id,
+        "config_name": config_name,
+        "engine": engine,
+        "command": command,
+        "host": host or fp.pop("host", None),
+        "base_url": base_url,
+        "gpu": fp.pop("gpu", None),
+        "gpu_count": fp.pop("gpu_count", None),
+        "driver": fp.pop("driver", None),
+        "engine_version": fp.pop("engine_version", None),
+        "model": fp.pop("model", None),
+        "fingerprint_json": json.dumps(fp, sort_keys=True, default=str),
+        "workload_json": workload.model_dump_json(),
+        "sweep_json": sweep.model_dump_json(),
+        "started_at": started_at,
+        "ended_at": ended_at,
+        "status": status,
+        "time_to_ready_s": time_to_ready_s,
+        "error": error,
+    }
+    return row

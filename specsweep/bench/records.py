@@ -15,7 +15,7 @@ from typing import Any
 class RequestRecord:
     index: int
     scheduled_s: float  # when the request was due (open loop) or sent (closed loop)
-    sent_s: float = 0.0
+    sent_s: float | None = None  # None: never sent
     first_token_s: float | None = None
     last_token_s: float | None = None
     end_s: float | None = None

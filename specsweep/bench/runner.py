@@ -16,6 +16,7 @@ import math
 import os
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -170,6 +171,7 @@ async def run_level_in_process(
     seed: int = 0,
     first_index: int = 0,
     start_at: float | None = None,
+    on_request: Callable[[RequestRecord], None] | None = None,
 ) -> LevelRun:
     """One level (or one worker's share of it) in this process's event loop."""
     count = sweep.num_requests if count is None else count
@@ -184,9 +186,15 @@ async def run_level_in_process(
             if p.input_tokens is not None:
                 rec.prompt_tokens, rec.prompt_tokens_exact = p.input_tokens, p.exact
             await stream_request(client, url, bodies[i % len(bodies)], headers, rec, opts.endpoint, opts.timeout_s)
+            if on_request is not None and i >= 0:
+                on_request(rec)
+
+        async def warm_send(rec: RequestRecord, i: int) -> None:
+            rec.warmup = True
+            await stream_request(client, url, bodies[i % len(bodies)], headers, rec, opts.endpoint, opts.timeout_s)
 
         if warmup:
-            warm = await _closed_loop(send, min(conc, warmup), warmup, None, -warmup)
+            warm = await _closed_loop(warm_send, min(conc, warmup), warmup, None, -warmup)
             if all(not r.ok for r in warm):
                 first = warm[0]
                 raise RuntimeError(
@@ -227,6 +235,7 @@ async def run_level(
     *,
     repeat: int = 0,
     model: str | None = None,
+    on_request: Callable[[RequestRecord], None] | None = None,
 ) -> LevelRun:
     """One level, in this process or spread over ``sweep.workers`` processes."""
     workers = sweep.workers
@@ -234,7 +243,7 @@ async def run_level(
         workers = min(workers, int(value))
     if workers <= 1:
         return await run_level_in_process(base_url, opts, prompts, output_len, sweep, mode, value, repeat=repeat,
-                                          model=model, seed=sweep_seed(sweep, mode, value, repeat))
+                                          model=model, seed=sweep_seed(sweep, mode, value, repeat), on_request=on_request)
     import concurrent.futures
     import multiprocessing
 

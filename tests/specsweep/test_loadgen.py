@@ -1,0 +1,208 @@
+"""The load generator against real servers (the simulator process, llama.cpp), into a real store."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
+from specsweep.bench.measure import BenchTarget, measure_level, run_sweep
+from specsweep.bench.workload import build_prompts
+from specsweep.errors import ConfigError, StoreError
+from specsweep.store import ResultsStore
+from tests.helpers.sim import running_sim
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> ResultsStore:
+    return ResultsStore(tmp_path / "results")
+
+
+async def test_counts_tokens_and_chunks_under_speculation(store: ResultsStore) -> None:
+    with running_sim("--sim-profile", "tiny-fast", "--speculative-algorithm", "EAGLE3") as (url, _):
+        target = BenchTarget(base_url=url)
+        row = await measure_level(target, WorkloadConfig(input_len=32, output_len=40), SweepConfig(num_requests=12),
+                                  store=store, run_id="r1", config_name="spec", level_index=0, mode="concurrency", value=4)
+    assert row["completed"] == 12 and row["failed"] == 0
+    assert row["output_tokens_total"] == 12 * 40 and row["output_tokens_source"] == "usage"
+    assert row["input_tokens_exact"]  # the simulator offers /tokenize
+    reqs = store.requests(["r1"])
+    assert len(reqs) == 12
+    assert all(sum(t) == 40 for t in reqs["chunk_tokens"])
+    assert max(max(t) for t in reqs["chunk_tokens"]) > 1  # several tokens in one chunk, counted as such
+    assert all(len(times) == len(toks) for times, toks in zip(reqs["chunk_times_s"], reqs["chunk_tokens"]))
+    assert 1.5 < row["spec_accept_length"] < 3.5
+
+
+async def test_native_generate_endpoint_and_verify_counts(store: ResultsStore) -> None:
+    with running_sim("--sim-profile", "tiny-fast", "--speculative-algorithm", "EAGLE3") as (url, _):
+        target = BenchTarget(base_url=url, request=RequestOptions(endpoint="generate"))
+        row = await measure_level(target, WorkloadConfig(output_len=30), SweepConfig(num_requests=8), store=store,
+                                  run_id="g", config_name="g", level_index=0, mode="concurrency", value=2)
+    assert row["completed"] == 8 and row["output_tokens_total"] == 240
+    assert row["output_tokens_source"] == "meta_info" and row["spec_source"] == "per-request"
+    assert 1.5 < row["spec_accept_length"] < 3.5
+
+
+async def test_chat_endpoint(store: ResultsStore) -> None:
+    with running_sim("--sim-profile", "tiny-fast") as (url, _):
+        target = BenchTarget(base_url=url, request=RequestOptions(endpoint="chat"))
+        row = await measure_level(target, WorkloadConfig(source="bundled", output_len=16), SweepConfig(num_requests=6),
+                                  store=store, run_id="c", config_name="c", level_index=0, mode="concurrency", value=3)
+    assert row["completed"] == 6 and row["output_tokens_total"] == 96
+
+
+async def test_failures_are_rows_not_the_end_of_the_sweep(store: ResultsStore) -> None:
+    with running_sim("--sim-profile", "tiny-fast", "--fault-error-rate", "0.3", "--fault-cut-rate", "0.2",
+                     "--seed", "3") as (url, _):
+        target = BenchTarget(base_url=url)
+        rows = await run_sweep(target, WorkloadConfig(output_len=20), SweepConfig(concurrency=[2, 4], num_requests=30,
+                               warmup_requests=0), store=store, run_id="f", config_name="f")
+    assert len(rows) == 2
+    reqs = store.requests(["f"])
+    assert len(reqs) == 60
+    errors = set(reqs["error_type"].dropna())
+    assert "HTTPStatus" in errors and ("CutOff" in errors or "ClientPayloadError" in errors or "ReadError" in errors)
+    assert sum(r["failed"] for r in rows) == reqs["error_type"].notna().sum()
+    cut = reqs[reqs["error_type"].isin(["CutOff", "ClientPayloadError", "ReadError"])]
+    assert (cut["chunk_tokens"].map(len) > 0).any()  # partial streams keep what arrived
+
+
+async def test_request_rate_mode_counts_latency_from_schedule(store: ResultsStore) -> None:
+    with running_sim("--sim-profile", "tiny-fast") as (url, _):
+        target = BenchTarget(base_url=url)
+        row = await measure_level(target, WorkloadConfig(output_len=10), SweepConfig(request_rate=[50.0], num_requests=40),
+                                  store=store, run_id="o", config_name="o", level_index=0, mode="rate", value=50.0)
+    assert row["completed"] == 40 and row["request_rate_per_s"] == 50.0
+    reqs = store.requests(["o"])
+    assert (reqs["send_delay_ms"] >= 0).all() and (reqs["send_delay_ms"] < 50).all()
+    # Poisson arrivals at 50/s for 40 requests take about 0.8 s.
+    assert 0.3 < row["duration_s"] < 3.0
+
+
+async def test_timeout_is_a_row(store: ResultsStore) -> None:
+    with running_sim("--sim-profile", "tiny-fast", "--fault-stall-s", "3") as (url, _):
+        target = BenchTarget(base_url=url, request=RequestOptions(timeout_s=1.0))
+        row = await measure_level(target, WorkloadConfig(output_len=10), SweepConfig(num_requests=2, warmup_requests=0),
+                                  store=store, run_id="t", config_name="t", level_index=0, mode="concurrency", value=2)
+    assert row["failed"] == 2 and row["errors"] == "Timeout: 2"
+
+
+async def test_stop_at_saturation(store: ResultsStore) -> None:
+    with running_sim("--sim-profile", "tiny-fast", "--max-running-requests", "4") as (url, _):
+        target = BenchTarget(base_url=url)
+        sweep = SweepConfig(concurrency=[1, 4, 8, 16, 32, 64], num_requests=24, warmup_requests=0, stop_at_saturation=True)
+        rows = await run_sweep(target, WorkloadConfig(output_len=24), sweep, store=store, run_id="s", config_name="s")
+    # The engine runs 4 at a time: throughput is flat from 4 or 8 on while latency climbs.
+    levels = [r["concurrency"] for r in rows]
+    assert levels[:4] == [1, 4, 8, 16] and levels[-1] in (16, 32) and 64 not in levels
+
+
+async def test_warmup_failure_is_loud(store: ResultsStore) -> None:
+    with running_sim("--sim-profile", "tiny-fast", "--api-key", "right-key-123") as (url, _):
+        target = BenchTarget(base_url=url, request=RequestOptions(api_key="wrong-key-456"))  # type: ignore[arg-type]
+        with pytest.raises(RuntimeError, match="all 2 warm-up requests .* failed"):
+            await measure_level(target, WorkloadConfig(output_len=4), SweepConfig(num_requests=2), store=store,
+                                run_id="w", config_name="w", level_index=0, mode="concurrency", value=1)
+        ok = BenchTarget(base_url=url, request=RequestOptions(api_key="right-key-123"))  # type: ignore[arg-type]
+        row = await measure_level(ok, WorkloadConfig(output_len=4), SweepConfig(num_requests=2), store=store,
+                                  run_id="w", config_name="w", level_index=0, mode="concurrency", value=1)
+        assert row["completed"] == 2
+
+
+async def test_several_client_processes(store: ResultsStore) -> None:
+    with running_sim("--sim-profile", "tiny-fast") as (url, _):
+        target = BenchTarget(base_url=url)
+        row = await measure_level(target, WorkloadConfig(output_len=10), SweepConfig(num_requests=20, workers=2),
+                                  store=store, run_id="m", config_name="m", level_index=0, mode="concurrency", value=4)
+    assert row["completed"] == 20 and row["client_workers"] == 2
+    assert sorted(store.requests(["m"])["index"]) == list(range(20))
+
+
+async def test_store_reads_back_with_pandas_and_partitions(store: ResultsStore) -> None:
+    with running_sim("--sim-profile", "tiny-fast") as (url, _):
+        target = BenchTarget(base_url=url)
+        for run_id in ("a", "b"):
+            await run_sweep(target, WorkloadConfig(output_len=8), SweepConfig(concurrency=[1, 2], num_requests=4),
+                            store=store, run_id=run_id, config_name=run_id)
+    levels = pd.read_parquet(store.root / "levels")
+    assert sorted(levels["run_id"].astype(str).unique()) == ["a", "b"] and len(levels) == 4
+    assert {"ttft_ms_median", "output_tokens_per_s", "itl_ms_p99", "e2e_ms_mean"} <= set(levels.columns)
+    assert len(pd.read_parquet(store.root / "requests")) == 16
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A real 256 KiB filesystem (tmpfs) for the results, so that disks can fill up and turn read-only."""
+    import subprocess
+
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_full_disk_keeps_earlier_levels(small_disk: Path) -> None:
+    store = ResultsStore(small_disk / "results")
+    store.write_level("r", "L000-concurrency-1-r0", {"x": 1.0}, [{"i": 1}])
+    filler = small_disk / "filler"
+    with open(filler, "wb", buffering=0) as f:  # fill the disk to the last block
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError:
+            pass
+    with pytest.raises(StoreError, match="No space left on device. Earlier results are intact"):
+        store.write_level("r", "L001-concurrency-2-r0", {"x": 2.0}, [{"i": 2}] * 1000)
+    assert list(store.levels(["r"])["x"]) == [1.0]
+    leftovers = [p for p in (small_disk / "results").rglob("*") if p.name.startswith(".")]
+    assert leftovers == []  # nothing half-written stays behind
+
+
+def test_read_only_disk_is_refused_before_anything_runs(small_disk: Path) -> None:
+    import subprocess
+
+    store = ResultsStore(small_disk / "results")
+    store.write_level("r", "L000", {"x": 1.0}, [{"i": 1}])
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    with pytest.raises(StoreError, match="not writable: Read-only file system"):
+        store.check_writable()
+    with pytest.raises(StoreError, match="Read-only file system"):
+        store.write_level("r", "L001", {"x": 2.0}, [{"i": 2}])
+    assert list(store.levels(["r"])["x"]) == [1.0]
+
+
+async def test_workload_files(tmp_path: Path) -> None:
+    good = tmp_path / "p.jsonl"
+    good.write_text(json.dumps({"prompt": "hello there"}) + "\n\n" + json.dumps("plain string prompt") + "\n")
+    prompts = await build_prompts(WorkloadConfig(source="file", prompts_file=good), 3)
+    assert [p.text for p in prompts] == ["hello there", "plain string prompt", "hello there"]
+    assert not prompts[0].exact  # no tokenizer: approximate, and labelled so
+    pd.DataFrame({"prompt": ["a b", "c d"]}).to_parquet(tmp_path / "p.parquet")
+    assert len(await build_prompts(WorkloadConfig(source="file", prompts_file=tmp_path / "p.parquet"), 2)) == 2
+    cases = {"empty.jsonl": (b"", "holds no prompts"), "latin.jsonl": (b"\xe9t\xe9\n", "not UTF-8"),
+             "bad.jsonl": (b"{not json}\n", "line 1 is not JSON"), "nofield.jsonl": (b'{"text": "x"}\n', "no string field 'prompt'")}
+    for name, (data, needle) in cases.items():
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(ConfigError, match=needle):
+            await build_prompts(WorkloadConfig(source="file", prompts_file=tmp_path / name), 1)
+    synth = await build_prompts(WorkloadConfig(input_len=50, input_len_range=0.2, seed=5), 4)
+    again = await build_prompts(WorkloadConfig(input_len=50, input_len_range=0.2, seed=5), 4)
+    assert synth == again and len({p.text for p in synth}) == 4
+
+
+def test_bad_sweep_settings_name_the_field() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="every concurrency level must be at least 1"):
+        SweepConfig(concurrency=[0, 8])
+    with pytest.raises(ValidationError, match="request rates must be positive"):
+        SweepConfig(request_rate=[-1.0])
+    with pytest.raises(ValidationError, match="prompts_file is empty"):
+        WorkloadConfig(source="file")

@@ -1,0 +1,94 @@
+"""Metrics against figures worked out by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from specsweep.bench.records import RequestRecord
+from specsweep.bench.measure import merge_repeats, saturated
+from specsweep.metrics import e2e_s, itl_s, level_metrics, spec_from_counters, summary, tpot_s, ttft_s
+
+
+def rec(index: int, sent: float, chunks: list[tuple[float, int]], end: float, *, scheduled: float | None = None,
+        prompt: int = 10, error: str | None = None) -> RequestRecord:
+    r = RequestRecord(index=index, scheduled_s=sent if scheduled is None else scheduled, sent_s=sent, end_s=end)
+    for t, k in chunks:
+        r.chunk_times_s.append(t)
+        r.chunk_tokens.append(k)
+    if chunks:
+        r.first_token_s, r.last_token_s = chunks[0][0], chunks[-1][0]
+    r.output_tokens = sum(k for _, k in chunks)
+    r.prompt_tokens, r.prompt_tokens_exact = prompt, True
+    r.error_type = error
+    return r
+
+
+def test_multi_token_chunks_give_per_token_itl() -> None:
+    # Sent at 0; first chunk (1 token) at 0.1; then 3 tokens at 0.4; then 1 token at 0.5.
+    r = rec(0, 0.0, [(0.1, 1), (0.4, 3), (0.5, 1)], 0.55)
+    assert ttft_s(r) == pytest.approx(0.1)
+    assert e2e_s(r) == pytest.approx(0.55)
+    assert itl_s(r) == pytest.approx([0.1, 0.1, 0.1, 0.1])  # the 0.3 s gap belongs to 3 tokens
+    assert tpot_s(r) == pytest.approx((0.55 - 0.1) / 4)
+
+
+def test_single_token_output_has_no_tpot_and_no_itl() -> None:
+    r = rec(0, 0.0, [(0.2, 1)], 0.2)
+    assert tpot_s(r) is None and itl_s(r) == []
+
+
+def test_open_loop_latency_counts_from_the_scheduled_time() -> None:
+    r = rec(0, 1.0, [(1.5, 1), (1.6, 1)], 1.6, scheduled=0.8)  # the client sent it 200 ms late
+    assert ttft_s(r) == pytest.approx(0.7) and e2e_s(r) == pytest.approx(0.8)
+
+
+def test_level_metrics_by_hand() -> None:
+    a = rec(0, 0.0, [(0.5, 1), (1.0, 1), (1.5, 2)], 1.5)
+    b = rec(1, 0.5, [(1.0, 1), (2.0, 1)], 2.5)
+    failed = rec(2, 0.2, [(0.6, 1)], 0.7, error="CutOff")
+    m = level_metrics([a, b, failed])
+    assert (m["requests"], m["completed"], m["failed"]) == (3, 2, 1)
+    assert m["duration_s"] == pytest.approx(2.5)  # first send 0.0 → last completion 2.5
+    assert m["output_tokens_total"] == 6  # 4 + 2; the failed request's token is not counted
+    assert m["output_tokens_per_s"] == pytest.approx(6 / 2.5)
+    assert m["input_tokens_per_s"] == pytest.approx(20 / 2.5)
+    assert m["total_tokens_per_s"] == pytest.approx(26 / 2.5)
+    assert m["request_throughput_per_s"] == pytest.approx(2 / 2.5)
+    # Σ E2E (sent → end) over every measured request: 1.5 + 2.0 + 0.5 = 4.0
+    assert m["achieved_concurrency"] == pytest.approx(4.0 / 2.5)
+    # 1 s buckets from 0.0: [0,1): 1 (a) + 1 (failed) ; [1,2): 1+2 (a) + 1 (b) = 4 ; [2,3): 1 (b)
+    assert m["peak_output_tokens_per_s"] == 4
+    assert m["ttft_ms_mean"] == pytest.approx(500.0)  # 0.5 and 0.5
+    # ITL: a → 0.5, 0.25, 0.25 ; b → 1.0 : median of [0.25, 0.25, 0.5, 1.0] = 0.375
+    assert m["itl_ms_median"] == pytest.approx(375.0)
+    assert m["errors"] == "CutOff: 1"
+
+
+def test_summary_percentiles_and_empty() -> None:
+    s = summary([0.001 * i for i in range(1, 101)])
+    assert s["median"] == pytest.approx(50.5) and s["p90"] == pytest.approx(90.1) and s["p99"] == pytest.approx(99.01)
+    assert summary([]) == {"mean": None, "median": None, "p90": None, "p99": None}
+
+
+def test_spec_from_counters() -> None:
+    figures, how = spec_from_counters({"vllm_drafted": 100, "vllm_accepted": 60, "vllm_drafts": 25},
+                                      {"vllm_drafted": 300, "vllm_accepted": 180, "vllm_drafts": 75}, 0)
+    assert figures == {"spec_acceptance_rate": 0.6, "spec_accept_length": pytest.approx(1 + 120 / 50)}
+    assert "vllm" in how
+    # SGLang: 1000 tokens at average 2.0 (500 steps) then 1000 more at 4.0 (250 steps): overall 2000/750.
+    figures, how = spec_from_counters({"sglang_avg_accept_length": 2.0}, {"sglang_avg_accept_length": 2000 / 750}, 1000, 1000)
+    assert figures["spec_accept_length"] == pytest.approx(4.0)
+    assert spec_from_counters({}, {}, 10) == ({}, None)
+
+
+def test_saturation_rule() -> None:
+    rows = [{"output_tokens_per_s": t, "e2e_ms_median": l} for t, l in [(100, 10), (300, 12), (302, 20), (304, 40)]]
+    assert saturated(rows)  # within 5 % of the best earlier level for two levels, latency growing
+    rows[2]["output_tokens_per_s"] = 360
+    assert not saturated(rows)
+    assert not saturated(rows[:2])
+
+
+def test_merge_repeats_takes_medians() -> None:
+    merged = merge_repeats([{"x": 1.0, "n": "a"}, {"x": 5.0, "n": "a"}, {"x": 2.0, "n": "a"}])
+    assert merged == {"x": 2.0, "n": "a"}
