@@ -1,5 +1,9 @@
 """Stream one request and record what arrived, when.
 
+The timed path uses aiohttp directly (its C HTTP parser, bodies encoded once per level):
+httpx's request building costs more per request than the whole budget of a streamed
+token allows (see benchmarks/client_speed.py); everything outside the timed path uses httpx.
+
 One function per wire format rather than per engine: OpenAI completions, OpenAI chat,
 and SGLang's native /generate. Timing is taken when bytes arrive from the network, so
 events that arrive in one read share a timestamp (as they reached the client together).
@@ -14,7 +18,7 @@ import asyncio
 import time
 from typing import Any
 
-import httpx
+import aiohttp
 import orjson
 
 from specsweep.bench.config import RequestOptions
@@ -166,29 +170,34 @@ class _Parser:
 
 
 async def stream_request(
-    client: httpx.AsyncClient,
+    session: aiohttp.ClientSession,
     url: str,
-    body: dict[str, Any],
+    body: bytes,
     headers: dict[str, str],
     rec: RequestRecord,
     endpoint: str,
     timeout_s: float,
 ) -> RequestRecord:
-    """Send one streamed request and fill ``rec``; errors become fields, never exceptions."""
+    """Send one streamed request (``body`` already JSON-encoded) and fill ``rec``.
+
+    Errors become fields of the record, never exceptions (except cancellation, which
+    keeps the partial record and propagates).
+    """
     parser = _Parser(endpoint, rec)
     rec.sent_s = _perf()
     try:
         async with asyncio.timeout(timeout_s):
-            async with client.stream("POST", url, json=body, headers=headers) as resp:
-                rec.status_code = resp.status_code
-                if resp.status_code != 200:
-                    detail = (await resp.aread())[:500].decode("utf-8", errors="replace")
-                    rec.error_type, rec.error_message = "HTTPStatus", f"HTTP {resp.status_code}: {detail}"
+            async with session.post(url, data=body, headers=headers) as resp:
+                rec.status_code = resp.status
+                if resp.status != 200:
+                    detail = (await resp.read())[:500].decode("utf-8", errors="replace")
+                    rec.error_type, rec.error_message = "HTTPStatus", f"HTTP {resp.status}: {detail}"
                 else:
-                    async for data in resp.aiter_raw():
-                        parser.feed(data, _perf())
+                    feed = parser.feed
+                    async for data in resp.content.iter_any():
+                        feed(data, _perf())
                     if parser.buf.strip():
-                        parser.feed(b"\n", _perf())
+                        feed(b"\n", _perf())
                     if not parser.done:
                         rec.error_type, rec.error_message = "CutOff", "the stream ended before its final event ([DONE])"
                     elif parser.malformed:
@@ -196,15 +205,8 @@ async def stream_request(
                         rec.error_message = f"{parser.malformed} event(s) were not valid JSON"
     except TimeoutError:
         rec.error_type, rec.error_message = "Timeout", f"no complete answer within {timeout_s:g} s"
-    except httpx.HTTPError as exc:
-        # The aiohttp transport wraps its errors; the original names what happened
-        # (ServerDisconnectedError, ClientPayloadError, ...) better than httpx's mapping.
-        cause = exc.__cause__
-        if isinstance(exc, httpx.TimeoutException) and (cause is None or isinstance(cause, TimeoutError)):
-            rec.error_type, rec.error_message = "Timeout", f"{type(exc).__name__}: {exc}"
-        else:
-            err = cause if cause is not None else exc
-            rec.error_type, rec.error_message = type(err).__name__, str(err) or type(err).__name__
+    except aiohttp.ClientError as exc:
+        rec.error_type, rec.error_message = type(exc).__name__, str(exc) or type(exc).__name__
     except asyncio.CancelledError:
         rec.error_type, rec.error_message = "Cancelled", "the level was cancelled"
         rec.end_s = _perf()

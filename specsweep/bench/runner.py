@@ -20,7 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import httpx
+import orjson
 
 from specsweep.bench.client import PATHS, request_body, stream_request
 from specsweep.bench.config import RequestOptions, SweepConfig
@@ -57,12 +59,12 @@ class LevelRun:
         return self.client_cpu_share >= CPU_BOTTLENECK or (self.loop_lag_p99_ms or 0.0) >= LAG_BOTTLENECK_MS
 
 
-def make_client(max_connections: int) -> httpx.AsyncClient:
+def make_session(max_connections: int) -> aiohttp.ClientSession:
     """One client for a level, its pool as large as the level's concurrency and no larger."""
-    from httpx_aiohttp import AiohttpTransport
-
-    limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections, keepalive_expiry=30)
-    return httpx.AsyncClient(transport=AiohttpTransport(limits=limits), timeout=httpx.Timeout(None))
+    connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=max_connections, keepalive_timeout=30,
+                                     ttl_dns_cache=None)
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None),
+                                 auto_decompress=False, headers={"Content-Type": "application/json"})
 
 
 def auth_headers(opts: RequestOptions) -> dict[str, str]:
@@ -94,6 +96,18 @@ class _LagMonitor:
             return None, None
         xs = sorted(self.lags)
         return xs[min(len(xs) - 1, int(0.99 * len(xs)))] * 1000, xs[-1] * 1000
+
+
+async def _open_connections(session: aiohttp.ClientSession, url: str, headers: dict[str, str], n: int) -> None:
+    """Open the level's connections before its clock starts: no TCP setup inside the timed path."""
+    async def one() -> None:
+        try:
+            async with session.get(url, headers=headers) as r:
+                await r.read()
+        except aiohttp.ClientError:
+            pass
+
+    await asyncio.gather(*(one() for _ in range(min(n, 4096))))
 
 
 async def _closed_loop(send: Any, concurrency: int, count: int, duration_s: float | None, first_index: int) -> list[RequestRecord]:
@@ -179,19 +193,19 @@ async def run_level_in_process(
     conc = int(value) if mode == "concurrency" else (sweep.max_concurrency or max(1, min(1024, count)))
     url = base_url.rstrip("/") + PATHS[opts.endpoint]
     headers = auth_headers(opts)
-    bodies = [request_body(opts, p, output_len, model) for p in prompts]
-    async with make_client(max(conc, 1)) as client:
+    bodies = [orjson.dumps(request_body(opts, p, output_len, model)) for p in prompts]
+    async with make_session(max(conc, 1)) as session, httpx.AsyncClient(timeout=30) as client:
         async def send(rec: RequestRecord, i: int) -> None:
             p = prompts[i % len(prompts)]
             if p.input_tokens is not None:
                 rec.prompt_tokens, rec.prompt_tokens_exact = p.input_tokens, p.exact
-            await stream_request(client, url, bodies[i % len(bodies)], headers, rec, opts.endpoint, opts.timeout_s)
+            await stream_request(session, url, bodies[i % len(bodies)], headers, rec, opts.endpoint, opts.timeout_s)
             if on_request is not None and i >= 0:
                 on_request(rec)
 
         async def warm_send(rec: RequestRecord, i: int) -> None:
             rec.warmup = True
-            await stream_request(client, url, bodies[i % len(bodies)], headers, rec, opts.endpoint, opts.timeout_s)
+            await stream_request(session, url, bodies[i % len(bodies)], headers, rec, opts.endpoint, opts.timeout_s)
 
         if warmup:
             warm = await _closed_loop(warm_send, min(conc, warmup), warmup, None, -warmup)
@@ -201,6 +215,7 @@ async def run_level_in_process(
                     f"all {warmup} warm-up requests to {url} failed ({first.error_type}: {first.error_message}); "
                     "check the URL, endpoint and API key"
                 )
+        await _open_connections(session, base_url.rstrip("/") + "/v1/models", headers, conc)
         spec_before = await read_spec_counters(client, base_url, headers)
         if start_at is not None:
             await asyncio.sleep(max(0.0, start_at - time.perf_counter()))
@@ -217,8 +232,18 @@ async def run_level_in_process(
     return LevelRun(mode, value, repeat, records, started_at, cpu, wall, p99, worst, 1, spec_before, spec_after)
 
 
+def run_async(coro: Any) -> Any:
+    """asyncio.run on uvloop when it is installed (a faster event loop for the client)."""
+    try:
+        import uvloop
+
+        return uvloop.run(coro)
+    except ImportError:
+        return asyncio.run(coro)
+
+
 def _worker_entry(kwargs: dict[str, Any]) -> dict[str, Any]:
-    run = asyncio.run(run_level_in_process(**kwargs))
+    run = run_async(run_level_in_process(**kwargs))
     return {"records": [r.as_row() for r in run.records], "cpu": run.client_cpu_s, "wall": run.client_wall_s,
             "lag_p99": run.loop_lag_p99_ms, "lag_max": run.loop_lag_max_ms, "started_at": run.started_at,
             "spec_before": run.spec_before, "spec_after": run.spec_after}

@@ -290,6 +290,16 @@ class SimServer:
         stall_at = max_tokens // 2 if self.faults.stall_s else None
         produced = 0
         continuous = bool(opts.get("continuous_usage_stats"))
+        if self.profile.direct and not self.profile.token_interval_s and not (cut_at or malformed_at or stall_at):
+            await self._instant_stream(resp, rid, obj, created, model, chat, prompt_tokens, max_tokens, continuous, times)
+            if opts.get("include_usage"):
+                usage = {"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens,
+                         "total_tokens": prompt_tokens + max_tokens}
+                await resp.write(b"data: " + orjson.dumps({"id": rid, "object": obj, "created": created, "model": model,
+                                                           "choices": [], "usage": usage}) + b"\n\n")
+            await resp.write(b"data: [DONE]\n\n")
+            self._finished_one()
+            return resp
         async for k in self._tokens(max_tokens):
             text = self._text(k, produced)
             produced += k
@@ -320,6 +330,27 @@ class SimServer:
         await resp.write(b"data: [DONE]\n\n")
         self._finished_one()
         return resp
+
+    async def _instant_stream(self, resp: web.StreamResponse, rid: str, obj: str, created: int, model: str, chat: bool,
+                              prompt_tokens: int, n: int, continuous: bool, times: list[float]) -> None:
+        """As fast as the server can: one token per SSE event, events pre-rendered, written 16 at a time
+        (what TCP does anyway when a fast server streams to a client that is reading)."""
+        head = orjson.dumps({"id": rid, "object": obj, "created": created, "model": model})[:-1]
+        field = b'"delta":{"role":"assistant","content":' if chat else b'"text":'
+        tail_close = b"}" if chat else b',"logprobs":null'
+        batch: list[bytes] = []
+        for i in range(n):
+            text = orjson.dumps(" " + _WORDS[i % len(_WORDS)])
+            finish = b'"length"' if i == n - 1 else b"null"
+            usage = (b',"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}'
+                     % (prompt_tokens, i + 1, prompt_tokens + i + 1)) if continuous else b""
+            batch.append(b"data: " + head + b',"choices":[{"index":0,' + field + text + tail_close
+                         + b',"finish_reason":' + finish + b"}]" + usage + b"}\n\n")
+            if len(batch) == 16 or i == n - 1:
+                await resp.write(b"".join(batch))
+                now = _perf()
+                times.extend([now] * len(batch))
+                batch.clear()
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         if (denied := self._auth(request)) is not None:
