@@ -2,7 +2,8 @@
 
 Definitions shared with the established serving benchmarks:
 - TTFT: scheduled send → first chunk with generated text (scheduled = sent in closed loop);
-- ITL: gaps between later text chunks; a chunk that carries k tokens (speculation) gives
+- ITL: gaps between later arrivals of text; an arrival that carries k tokens (one chunk
+  with several tokens under speculation, or several one-token events read at once) gives
   k gaps of gap / k, so ITL is per token;
 - TPOT: (E2E − TTFT) / (output tokens − 1); None for one token or fewer;
 - E2E: scheduled send → last byte;
@@ -41,13 +42,24 @@ def tpot_s(r: RequestRecord) -> float | None:
     return (e2e - ttft) / (n - 1)
 
 
+def arrivals(r: RequestRecord) -> list[tuple[float, int]]:
+    """(time, tokens) per arrival: chunks read at the same instant arrived together and count as one."""
+    out: list[tuple[float, int]] = []
+    for t, k in zip(r.chunk_times_s, r.chunk_tokens):
+        if out and t == out[-1][0]:
+            out[-1] = (t, out[-1][1] + k)
+        else:
+            out.append((t, k))
+    return out
+
+
 def itl_s(r: RequestRecord) -> list[float]:
-    """Per-token inter-token latencies of one request."""
+    """Per-token inter-token latencies of one request: each gap is shared by the tokens it brought."""
     out: list[float] = []
-    times, tokens = r.chunk_times_s, r.chunk_tokens
-    for i in range(1, len(times)):
-        k = max(1, tokens[i])
-        out.extend([(times[i] - times[i - 1]) / k] * k)
+    arr = arrivals(r)
+    for i in range(1, len(arr)):
+        k = max(1, arr[i][1])
+        out.extend([(arr[i][0] - arr[i - 1][0]) / k] * k)
     return out
 
 

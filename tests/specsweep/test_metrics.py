@@ -32,6 +32,12 @@ def test_multi_token_chunks_give_per_token_itl() -> None:
     assert tpot_s(r) == pytest.approx((0.55 - 0.1) / 4)
 
 
+def test_events_read_together_share_their_gap() -> None:
+    # llama.cpp sends one event per token; after a verify step several arrive in one read.
+    r = rec(0, 0.0, [(0.1, 1), (0.4, 1), (0.4, 1), (0.4, 1), (0.5, 1)], 0.5)
+    assert itl_s(r) == pytest.approx([0.1, 0.1, 0.1, 0.1])
+
+
 def test_single_token_output_has_no_tpot_and_no_itl() -> None:
     r = rec(0, 0.0, [(0.2, 1)], 0.2)
     assert tpot_s(r) is None and itl_s(r) == []

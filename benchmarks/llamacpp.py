@@ -1,0 +1,60 @@
+"""Tokens per second of the local llama.cpp presets at concurrency 1 and 8, and the draft acceptance rate.
+
+    .venv/bin/python benchmarks/llamacpp.py [--requests 16] [--output-len 128]
+
+Starts each preset through the same lifecycle code the flows use (kill → start → wait),
+measures it with the load generator (closed loop, greedy, ignore_eos), then kills it.
+Nothing else should run on the machine: llama.cpp's threads busy-wait.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from specsweep.bench.config import SweepConfig, WorkloadConfig  # noqa: E402
+from specsweep.bench.measure import BenchTarget, run_sweep  # noqa: E402
+from specsweep.health import wait_for_health  # noqa: E402
+from specsweep.hosts import LocalHost  # noqa: E402
+from specsweep.lifecycle import kill_server, start_server  # noqa: E402
+from specsweep.llamacpp import baseline_profile, speculative_profile  # noqa: E402
+from specsweep.store import ResultsStore, new_run_id  # noqa: E402
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=16)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=2)
+    args = ap.parse_args()
+    host = LocalHost()
+    store = ResultsStore(ROOT / "data" / "results")
+    table = []
+    for profile in (baseline_profile(port=18480), speculative_profile(port=18480)):
+        kill_server(host, profile)
+        handle = start_server(host, profile)
+        try:
+            ready = await wait_for_health(host, profile, handle)
+            sweep = SweepConfig(concurrency=[1, 8], num_requests=args.requests, warmup_requests=2, repeats=args.repeats)
+            rows = await run_sweep(BenchTarget(base_url=f"http://127.0.0.1:{profile.port}"),
+                                   WorkloadConfig(input_len=64, output_len=args.output_len), sweep, store=store,
+                                   run_id=new_run_id(profile.name), config_name=profile.name)
+        finally:
+            kill_server(host, profile, handle)
+        for r in rows:
+            table.append((profile.name, r["concurrency"], r["output_tokens_per_s"], r["ttft_ms_median"],
+                          r["itl_ms_median"], r["spec_acceptance_rate"], ready.time_to_ready_s))
+    print(f"{'preset':<22} {'C':>3} {'output tok/s':>13} {'TTFT p50 ms':>12} {'ITL p50 ms':>11} {'acceptance':>11} {'ready s':>8}")
+    for name, c, tps, ttft, itl, acc, ready_s in table:
+        acc_s = f"{acc:.0%}" if acc is not None else "-"
+        print(f"{name:<22} {c:>3} {tps:>13.1f} {ttft:>12.1f} {itl:>11.2f} {acc_s:>11} {ready_s:>8.2f}")
+    print(f"(median of {args.repeats} repeats of {args.requests} requests, {args.output_len}-token outputs, 64-token prompts)")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
