@@ -4,8 +4,8 @@ A smoke test of a server configuration on a host (does it start, how long until 
 and the skeleton the benchmark flows build on. The server is killed however the flow ends.
 """
 
-from __future__ import annotations
-
+# No "from __future__ import annotations" here: Prefect builds the parameter schema and
+# validates runs from the real annotation objects of a flow's signature.
 from prefect import flow
 
 from specsweep.health import HealthReport

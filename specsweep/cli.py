@@ -368,6 +368,154 @@ def sim(ctx: typer.Context) -> None:
     sim_main(list(ctx.args))
 
 
+ResultsOpt = Annotated[Path, typer.Option("--results", help="Results root (Parquet).")]
+
+
+def _console():  # type: ignore[no-untyped-def]
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 200)
+
+
+def print_comparison(comp: Any) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"speculation: {comp.speculative} vs {comp.baseline}")
+    for col in ("concurrency", "baseline tok/s", "speculative tok/s", "ratio", "verdict", "TTFT p50 ms (base/spec)",
+                "ITL p50 ms (base/spec)", "accept"):
+        table.add_column(col, justify="left" if col == "verdict" else "right")
+    for r in comp.levels:
+        ci = f" [{r.ratio_low:.2f}-{r.ratio_high:.2f}]" if r.ratio_low is not None else ""
+        acc = (f"{r.speculative_accept_length:.2f}" if r.speculative_accept_length else
+               f"{r.speculative_acceptance_rate:.0%}" if r.speculative_acceptance_rate else "-")
+        table.add_row(str(r.concurrency), f"{r.baseline_tokens_per_s:,.1f}", f"{r.speculative_tokens_per_s:,.1f}",
+                      f"{r.ratio:.2f}{ci}", r.verdict,
+                      f"{r.baseline_ttft_ms or 0:,.1f} / {r.speculative_ttft_ms or 0:,.1f}",
+                      f"{r.baseline_itl_ms or 0:.2f} / {r.speculative_itl_ms or 0:.2f}", acc)
+    console = _console()
+    console.print(table)
+    console.print(f"[bold]{comp.recommendation}[/bold]")
+    console.print(f"crossover: {comp.crossover if comp.crossover is not None else 'none within the measured levels'}")
+    console.print(f"vLLM V1 speculative-config: num_speculative_tokens_per_batch_size = "
+                  f"{json.dumps(comp.vllm_num_speculative_tokens_per_batch_size)}")
+    console.print(f"SGLang router: {json.dumps(comp.router)}")
+    pol = comp.policy_mean_tokens_per_s
+    console.print(f"mean output tok/s over the levels: always off {pol['always_off']:,.1f}, always on "
+                  f"{pol['always_on']:,.1f}, switch per level {pol['switch_per_level']:,.1f}")
+    for note in comp.notes:
+        console.print(f"note: {note}")
+
+
+@app.command("demo")
+def demo(
+    levels: Annotated[str, typer.Option(help="Concurrency levels, comma-separated.")] = "1,2,4,8",
+    num_prompts: Annotated[int, typer.Option(help="Measured requests per level.")] = 12,
+    output_len: Annotated[int, typer.Option(help="Tokens per request.")] = 96,
+    repeats: Annotated[int, typer.Option(help="Repeats per level (for the noise estimate).")] = 2,
+    results: ResultsOpt = Path("data/results"),
+) -> None:
+    """The main job: compare-speculation on this machine, llama.cpp baseline vs draft speculation (tiny models)."""
+    import time
+
+    from flows.compare_speculation import compare_local_llamacpp
+    from specsweep.bench.config import SweepConfig, WorkloadConfig
+
+    _setup_logging()
+    t0 = time.monotonic()
+    try:
+        sweep = SweepConfig(concurrency=_csv_numbers(levels, int, "--levels") or [1], num_requests=num_prompts,
+                            warmup_requests=2, repeats=repeats)
+        result = asyncio.run(compare_local_llamacpp(workload=WorkloadConfig(input_len=16, output_len=output_len),
+                                                    sweep=sweep, results_dir=str(results.resolve())))
+    except SpecsweepError as exc:
+        _fail(exc)
+    print_comparison(result.comparison)
+    root = Path(result.results_dir)
+    plots = root / "plots" / f"{result.baseline.run_id}--{result.speculative.run_id}"
+    typer.echo(f"\nruns: {result.baseline.run_id} (baseline), {result.speculative.run_id} (speculative)")
+    typer.echo(f"Parquet data: {root}/runs, {root}/levels, {root}/requests (partitioned by run_id)")
+    typer.echo(f"plots and report: {plots}/ (throughput.png, latency.png, speedup.png, report.md)")
+    typer.echo(f"total time: {time.monotonic() - t0:.0f} s")
+
+
+@app.command("runs")
+def runs_cmd(results: ResultsOpt = Path("data/results")) -> None:
+    """List the runs in the store."""
+    from rich.table import Table
+
+    from specsweep.store import ResultsStore
+
+    store = ResultsStore(results)
+    df = store.runs()
+    if df.empty:
+        typer.echo(f"no runs in {results}")
+        return
+    levels = store.levels()
+    counts = levels.groupby("run_id").size().to_dict() if not levels.empty else {}
+    table = Table(title=f"runs in {results}")
+    for col in ("run id", "started", "configuration", "engine", "host", "levels", "status"):
+        table.add_column(col)
+    for _, r in df.sort_values("started_at").iterrows():
+        table.add_row(str(r["run_id"]), str(r["started_at"]), str(r["config_name"]), str(r["engine"]),
+                      str(r["host"]), str(counts.get(r["run_id"], 0)), str(r["status"]))
+    _console().print(table)
+
+
+@app.command("report")
+def report_cmd(
+    run_ids: Annotated[Optional[list[str]], typer.Argument(help="Run ids; default the latest run.")] = None,
+    results: ResultsOpt = Path("data/results"),
+) -> None:
+    """Print the per-level tables of runs, and write plots when two runs are given (baseline first)."""
+    from specsweep.report import summary_table
+    from specsweep.store import ResultsStore
+
+    store = ResultsStore(results)
+    try:
+        if not run_ids:
+            runs = store.runs()
+            if runs.empty:
+                raise ConfigError(f"no runs in {results}")
+            run_ids = [str(runs.sort_values("started_at").iloc[-1]["run_id"])]
+        for rid in run_ids:
+            run = store.run(rid)
+            rows = store.levels([rid]).to_dict("records")
+            _console().print(summary_table(rows, title=f"{run['config_name']} — {rid} ({run['status']})"))
+        if len(run_ids) == 2:
+            _compare(store, run_ids[0], run_ids[1], allow_mismatch=False, plots=True)
+    except SpecsweepError as exc:
+        _fail(exc)
+
+
+def _compare(store: Any, a: str, b: str, *, allow_mismatch: bool, plots: bool) -> None:
+    from specsweep.compare import compare_runs, comparison_markdown
+    from specsweep.plots import comparison_plots
+
+    comp = compare_runs(store, a, b, allow_mismatch=allow_mismatch)
+    print_comparison(comp)
+    if plots:
+        out = store.root / "plots" / f"{a}--{b}"
+        paths = comparison_plots(comp, out)
+        (out / "report.md").write_text(comparison_markdown(comp) + "\n")
+        typer.echo("plots: " + ", ".join(str(p) for p in paths.values()))
+
+
+@app.command("compare")
+def compare_cmd(
+    baseline_run: Annotated[str, typer.Argument(help="Run id of the baseline.")],
+    speculative_run: Annotated[str, typer.Argument(help="Run id of the speculative configuration.")],
+    allow_mismatch: Annotated[bool, typer.Option(help="Compare even if GPU, driver, engine or model differ.")] = False,
+    results: ResultsOpt = Path("data/results"),
+) -> None:
+    """Compare two stored runs (made at different times): per-level ratio, crossover, recommendation, plots."""
+    from specsweep.store import ResultsStore
+
+    try:
+        _compare(ResultsStore(results), baseline_run, speculative_run, allow_mismatch=allow_mismatch, plots=True)
+    except SpecsweepError as exc:
+        _fail(exc)
+
+
 def main() -> None:
     app()
 

@@ -39,3 +39,7 @@ class LifecycleOptions(BaseModel):
     kill_port_holder: bool = Field(
         False, description="If the port is busy at start, kill whatever holds it instead of failing."
     )
+    benchmark: StageOptions = Field(
+        default_factory=lambda: StageOptions(retries=0, timeout_s=None),
+        description="run_concurrency_benchmark: one level. A retry measures the level again.",
+    )

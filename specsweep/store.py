@@ -30,6 +30,45 @@ from specsweep.errors import StoreError
 DEFAULT_ROOT = Path(__file__).resolve().parents[1] / "data" / "results"
 
 
+_F, _I, _S, _B = pa.float64(), pa.int64(), pa.string(), pa.bool_()
+# Columns that can be empty (None) in one file and set in another: a fixed type for each,
+# so the files of a dataset always share one schema and read back together.
+COLUMN_TYPES: dict[str, pa.DataType] = {
+    # runs
+    "flow_run_id": _S, "config_name": _S, "engine": _S, "command": _S, "host": _S, "base_url": _S, "gpu": _S,
+    "gpu_count": _I, "driver": _S, "engine_version": _S, "model": _S, "fingerprint_json": _S, "workload_json": _S,
+    "sweep_json": _S, "started_at": _S, "ended_at": _S, "status": _S, "time_to_ready_s": _F, "error": _S,
+    # levels
+    "level_index": _I, "mode": _S, "concurrency": _I, "request_rate_per_s": _F, "repeat": _I, "spec_source": _S,
+    "spec_acceptance_rate": _F, "spec_accept_length": _F, "errors": _S, "output_tokens_source": _S,
+    "client_loop_lag_p99_ms": _F, "client_loop_lag_max_ms": _F, "client_cpu_s": _F, "client_cpu_share": _F,
+    "client_workers": _I, "client_bottleneck": _B, "input_tokens_exact": _B,
+    # requests
+    "index": _I, "scheduled_s": _F, "sent_s": _F, "first_token_s": _F, "last_token_s": _F, "end_s": _F,
+    "prompt_tokens": _I, "prompt_tokens_exact": _B, "output_tokens": _I, "chunk_times_s": pa.list_(_F),
+    "chunk_tokens": pa.list_(_I), "status_code": _I, "error_type": _S, "error_message": _S, "spec_draft_tokens": _I,
+    "spec_accepted_tokens": _I, "spec_verify_ct": _I, "response_id": _S, "warmup": _B, "ttft_ms": _F, "e2e_ms": _F,
+    "tpot_ms": _F, "send_delay_ms": _F, "level_value": _F,
+}
+_STAT_COLUMN = ("_ms_mean", "_ms_median", "_ms_p90", "_ms_p99", "_per_s", "duration_s", "achieved_concurrency")
+
+
+def _column_type(name: str) -> pa.DataType | None:
+    if name in COLUMN_TYPES:
+        return COLUMN_TYPES[name]
+    return _F if name.endswith(_STAT_COLUMN) else None
+
+
+def to_table(rows: Sequence[dict[str, Any]]) -> pa.Table:
+    """Rows to an Arrow table whose nullable columns have fixed types."""
+    table = pa.Table.from_pylist(list(rows))
+    fields = []
+    for f in table.schema:
+        want = _column_type(f.name)
+        fields.append(pa.field(f.name, want) if want is not None and f.type != want else f)
+    return table.cast(pa.schema(fields))
+
+
 def new_run_id(config_name: str) -> str:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     safe = "".join(c if c.isalnum() or c in "-." else "-" for c in config_name)[:40]
@@ -73,14 +112,14 @@ class ResultsStore:
 
     def write_run(self, run_id: str, row: dict[str, Any]) -> Path:
         row = {k: v for k, v in row.items() if k != "run_id"}
-        return self._write(pa.Table.from_pylist([row]), self.root / "runs" / f"run_id={run_id}" / "run.parquet")
+        return self._write(to_table([row]), self.root / "runs" / f"run_id={run_id}" / "run.parquet")
 
     def write_level(self, run_id: str, level_key: str, level_row: dict[str, Any], request_rows: Sequence[dict[str, Any]]) -> Path:
         req = [{k: v for k, v in r.items() if k != "run_id"} for r in request_rows]
-        self._write(pa.Table.from_pylist(req) if req else pa.table({}),
-                    self.root / "requests" / f"run_id={run_id}" / f"{level_key}.parquet")
+        if req:
+            self._write(to_table(req), self.root / "requests" / f"run_id={run_id}" / f"{level_key}.parquet")
         row = {k: v for k, v in level_row.items() if k != "run_id"}
-        return self._write(pa.Table.from_pylist([row]), self.root / "levels" / f"run_id={run_id}" / f"{level_key}.parquet")
+        return self._write(to_table([row]), self.root / "levels" / f"run_id={run_id}" / f"{level_key}.parquet")
 
     # -- reading ----------------------------------------------------------------------------
 

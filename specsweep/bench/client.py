@@ -187,7 +187,15 @@ async def stream_request(
     rec.sent_s = _perf()
     try:
         async with asyncio.timeout(timeout_s):
-            async with session.post(url, data=body, headers=headers) as resp:
+            try:
+                resp = await session.post(url, data=body, headers=headers)
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+                # A pooled keep-alive connection the server had already closed (llama.cpp's
+                # HTTP server closes idle ones): nothing reached the server, so send once more
+                # on a fresh connection, timing from this send.
+                rec.sent_s = _perf()
+                resp = await session.post(url, data=body, headers=headers)
+            async with resp:
                 rec.status_code = resp.status
                 if resp.status != 200:
                     detail = (await resp.read())[:500].decode("utf-8", errors="replace")

@@ -116,7 +116,10 @@ async def measure_level(
 ) -> dict[str, Any]:
     """Run one level, write it to the store (atomically) and return its row."""
     count = sweep.num_requests if sweep.duration_s is None else max(sweep.num_requests, 256)
-    prompts = await prompts_for(target, workload, count)
+    # Fresh prompts for every level and repeat (seeded, so reruns send the same ones): a server
+    # with a prompt cache must not answer later levels from what earlier ones left behind.
+    level_workload = workload.model_copy(update={"seed": workload.seed + 1000 * level_index + repeat})
+    prompts = await prompts_for(target, level_workload, count)
     model = await server_model(target)
     run = await run_level(target.base_url, target.request, prompts, workload.output_len, sweep, mode, value,
                           repeat=repeat, model=model, on_request=on_request)

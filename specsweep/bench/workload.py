@@ -144,7 +144,7 @@ async def build_prompts(config: WorkloadConfig, count: int, tokenizer: Tokenizer
     texts = bundled_prompts(config.bundled_set) if config.source == "bundled" else _read_file(config.prompts_file)  # type: ignore[arg-type]
     out = []
     for i in range(count):
-        text = texts[i % len(texts)]
+        text = texts[(config.seed + i) % len(texts)]
         n = await tokenizer(text) if tokenizer else None
         out.append(Prompt(text, n if n is not None else round(len(text.split()) * TOKENS_PER_WORD), exact=n is not None))
     return out

@@ -176,8 +176,7 @@ class SimServer:
         self.requests_finished += 1
         if self.faults.die_after is not None and self.requests_finished >= self.faults.die_after:
             log.error("fault: dying after %d requests", self.requests_finished)
-            sys.stdout.flush()
-            os._exit(1)
+            fault_exit(1)
 
     # -- token production ---------------------------------------------------------------------
 
@@ -419,6 +418,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     ap.add_argument("--fault-cut-rate", type=float, default=0.0, help="fraction of streams cut off mid-way")
     ap.add_argument("--fault-malformed-rate", type=float, default=0.0, help="fraction of streams with a malformed SSE line")
     ap.add_argument("--fault-stall-s", type=float, default=0.0, help="pause every stream this long half-way")
+    ap.add_argument("--fault-once-file", default=None, metavar="PATH",
+                    help="apply the faults only while PATH does not exist; create it when one fires "
+                         "(the next start runs clean: rehearse a retry)")
     args, unknown = ap.parse_known_args(argv)
     if args.speculative_algorithm and args.speculative_eagle_topk == 1 and args.speculative_num_draft_tokens not in (
         None, args.speculative_num_steps + 1
@@ -438,8 +440,7 @@ async def serve(args: argparse.Namespace, ignored: list[str]) -> None:
     await asyncio.sleep(load_s)
     if args.fault_crash_on_start:
         log.error("fault: RuntimeError: CUDA error: out of memory while loading weights (simulated crash)")
-        sys.stdout.flush()
-        os._exit(1)
+        fault_exit(1)
     log.info("Load weight end. KV cache allocated; capturing CUDA graphs")
     app = web.Application(client_max_size=64 * 1024 * 1024)
     r = app.router
@@ -478,9 +479,37 @@ async def serve(args: argparse.Namespace, ignored: list[str]) -> None:
     await runner.cleanup()
 
 
+_ONCE_FILE: str | None = None
+
+
+def fault_exit(code: int) -> None:
+    """Exit abruptly for a fault, noting it in the once-file if there is one."""
+    if _ONCE_FILE:
+        with open(_ONCE_FILE, "w") as f:
+            f.write("a fault fired\n")
+    sys.stdout.flush()
+    os._exit(code)
+
+
+def _apply_once_file(args: argparse.Namespace) -> None:
+    """With --fault-once-file: no faults once the file exists (an earlier start already failed)."""
+    global _ONCE_FILE
+    path = args.fault_once_file
+    if not path:
+        return
+    if os.path.exists(path):
+        log.info("fault once-file %s exists: running without faults", path)
+        for name, value in list(vars(args).items()):
+            if name.startswith("fault_") and name != "fault_once_file":
+                setattr(args, name, False if isinstance(value, bool) else 0.0 if isinstance(value, float) else None)
+        return
+    _ONCE_FILE = path
+
+
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", stream=sys.stdout)
     args, ignored = parse_args(argv)
+    _apply_once_file(args)
     try:
         import uvloop
 

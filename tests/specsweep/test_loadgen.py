@@ -206,3 +206,14 @@ def test_bad_sweep_settings_name_the_field() -> None:
         SweepConfig(request_rate=[-1.0])
     with pytest.raises(ValidationError, match="prompts_file is empty"):
         WorkloadConfig(source="file")
+
+
+def test_files_with_empty_and_set_columns_read_back_together(store: ResultsStore) -> None:
+    """A column that is None in one level and a number in another must not break reading the dataset."""
+    store.write_level("a", "L000", {"concurrency": 1, "spec_accept_length": None, "ttft_ms_p99": None, "errors": ""}, [])
+    store.write_level("b", "L000", {"concurrency": None, "spec_accept_length": 2.5, "ttft_ms_p99": 3.0, "errors": "x"}, [])
+    store.write_run("a", {"gpu_count": None, "time_to_ready_s": None, "status": "failed"})
+    store.write_run("b", {"gpu_count": 8, "time_to_ready_s": 1.5, "status": "completed"})
+    levels = pd.read_parquet(store.root / "levels")
+    assert sorted(levels["spec_accept_length"].fillna(0)) == [0, 2.5]
+    assert len(pd.read_parquet(store.root / "runs")) == 2

@@ -1,0 +1,119 @@
+"""compare-speculation: baseline, then speculative, on the same host; then the comparison.
+
+The two configurations run one after the other, never both at once on the same GPUs.
+Retrying a failed flow run keeps whatever finished (a finished baseline, finished levels).
+"""
+
+# No "from __future__ import annotations" here: Prefect builds the parameter schema and
+# validates runs from the real annotation objects of a flow's signature.
+from typing import Any
+
+from prefect import flow, get_run_logger
+from pydantic import BaseModel
+
+from flows.pipeline import ConfigurationResult, cleanup_hook, run_configuration
+from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
+from specsweep.compare import Comparison
+from specsweep.hosts.config import HostConfig
+from specsweep.profiles import ServerProfile
+from specsweep.settings import LlamaCppSettings, SGLangSettings
+from specsweep.stages import LifecycleOptions
+from specsweep.store import DEFAULT_ROOT
+from tasks.results import compare_configurations
+
+
+class ComparisonResult(BaseModel):
+    baseline: ConfigurationResult
+    speculative: ConfigurationResult
+    comparison: Comparison
+    results_dir: str
+
+
+async def run_comparison(
+    baseline: ServerProfile,
+    speculative: ServerProfile,
+    host: HostConfig,
+    workload: WorkloadConfig,
+    sweep: SweepConfig,
+    request: RequestOptions,
+    stages: LifecycleOptions,
+    results_dir: str,
+    allow_mismatch: bool = False,
+) -> ComparisonResult:
+    logger = get_run_logger()
+    logger.info("comparing %s (baseline) with %s (speculative) on %s", baseline.name, speculative.name, host.label)
+    base = await run_configuration(baseline, host, workload, sweep, request, stages, results_dir)
+    spec = await run_configuration(speculative, host, workload, sweep, request, stages, results_dir)
+    comp = await compare_configurations(base.run_id, spec.run_id, results_dir, allow_mismatch)
+    return ComparisonResult(baseline=base, speculative=spec, comparison=comp, results_dir=results_dir)
+
+
+def _profiles(params: dict[str, Any]) -> list[ServerProfile]:
+    return [ServerProfile.model_validate(params["baseline"]), ServerProfile.model_validate(params["speculative"])]
+
+
+_cleanup = cleanup_hook(_profiles)
+
+
+@flow(name="compare-speculation", persist_result=True, on_failure=[_cleanup], on_cancellation=[_cleanup],
+      on_crashed=[_cleanup])
+async def compare_speculation(
+    baseline: ServerProfile,
+    speculative: ServerProfile,
+    host: HostConfig = HostConfig(),
+    workload: WorkloadConfig = WorkloadConfig(),
+    sweep: SweepConfig = SweepConfig(),
+    request: RequestOptions = RequestOptions(),
+    stages: LifecycleOptions = LifecycleOptions(),
+    results_dir: str = str(DEFAULT_ROOT),
+    allow_mismatch: bool = False,
+) -> ComparisonResult:
+    """Measure both configurations one after the other and say where speculation stops paying."""
+    return await run_comparison(baseline, speculative, host, workload, sweep, request, stages, results_dir, allow_mismatch)
+
+
+def _sglang_profiles(params: dict[str, Any]) -> list[ServerProfile]:
+    s = SGLangSettings.model_validate(params.get("sglang") or {})
+    return [s.profile("baseline"), s.profile("eagle3")]
+
+
+_sglang_cleanup = cleanup_hook(_sglang_profiles)
+
+
+@flow(name="compare-sglang-eagle3", persist_result=True, on_failure=[_sglang_cleanup],
+      on_cancellation=[_sglang_cleanup], on_crashed=[_sglang_cleanup])
+async def compare_sglang_eagle3(
+    sglang: SGLangSettings = SGLangSettings(),
+    host: HostConfig = HostConfig(),
+    workload: WorkloadConfig = WorkloadConfig(),
+    sweep: SweepConfig = SweepConfig(concurrency=[1, 2, 4, 8, 16, 32, 64]),
+    request: RequestOptions = RequestOptions(),
+    stages: LifecycleOptions = LifecycleOptions(),
+    results_dir: str = str(DEFAULT_ROOT),
+    allow_mismatch: bool = False,
+) -> ComparisonResult:
+    """SGLang baseline vs EAGLE-3 from a few fields (model paths, TP, port); simulate=true rehearses it."""
+    return await run_comparison(sglang.profile("baseline"), sglang.profile("eagle3"), host, workload, sweep, request,
+                                stages, results_dir, allow_mismatch)
+
+
+def _local_profiles(params: dict[str, Any]) -> list[ServerProfile]:
+    s = LlamaCppSettings.model_validate(params.get("llamacpp") or {})
+    return [s.profile("baseline"), s.profile("speculative")]
+
+
+_local_cleanup = cleanup_hook(_local_profiles)
+
+
+@flow(name="compare-local-llamacpp", persist_result=True, on_failure=[_local_cleanup],
+      on_cancellation=[_local_cleanup], on_crashed=[_local_cleanup])
+async def compare_local_llamacpp(
+    llamacpp: LlamaCppSettings = LlamaCppSettings(),
+    workload: WorkloadConfig = WorkloadConfig(input_len=16, output_len=96),
+    sweep: SweepConfig = SweepConfig(concurrency=[1, 2, 4, 8], num_requests=12, warmup_requests=2, repeats=2),
+    stages: LifecycleOptions = LifecycleOptions(),
+    results_dir: str = str(DEFAULT_ROOT),
+) -> ComparisonResult:
+    """llama.cpp on this machine's CPU: baseline vs draft speculation, with tiny generated models."""
+    return await run_comparison(llamacpp.profile("baseline"), llamacpp.profile("speculative"), HostConfig(), workload,
+                                sweep, RequestOptions(), stages, results_dir)

@@ -1,0 +1,64 @@
+"""Flow parameters that build server profiles from a few fields (shown as forms in the Prefect UI)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from specsweep.profiles import ServerProfile
+
+
+class SGLangSettings(BaseModel):
+    """An SGLang deployment: the target model, its EAGLE-3 draft, and where it listens."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_path: str = Field("moonshotai/Kimi-K2.5", description="Target model path or hub id on the GPU host.")
+    draft_model_path: str = Field("lightseekorg/kimi-k2.5-eagle3", description="EAGLE-3 draft model path or hub id.")
+    tp: int = Field(8, ge=1, le=64, description="Tensor parallel size (--tp).")
+    port: int = Field(30000, ge=1, le=65535, description="Server port.")
+    bind_host: str = Field("0.0.0.0", description="Address the server binds to.")
+    num_steps: int = Field(3, ge=1, le=16, description="--speculative-num-steps.")
+    eagle_topk: int = Field(1, ge=1, le=16, description="--speculative-eagle-topk.")
+    num_draft_tokens: int | None = Field(None, ge=2, description="--speculative-num-draft-tokens; default steps + 1 for topk 1.")
+    python: str = Field("python", description="Python interpreter on the host that has sglang installed.")
+    extra_args: list[str] = Field(default_factory=list, description="More launch arguments, one per item.")
+    env: dict[str, str] = Field(default_factory=dict, description="Environment, e.g. CUDA_VISIBLE_DEVICES, NCCL_* tuning.")
+    simulate: bool = Field(False, description="Rehearse against specsweep's SGLang simulator instead of a real SGLang.")
+    sim_profile: str = Field("kimi-k2.5-int4-8x-rtx-pro-6000", description="Simulator performance profile.")
+
+    def profile(self, kind: Literal["baseline", "eagle3"]) -> ServerProfile:
+        from specsweep.presets import sglang_baseline, sglang_eagle3
+
+        common = dict(tp=self.tp, port=self.port, host=self.bind_host, python=self.python, extra_args=self.extra_args,
+                      env=self.env, simulate=self.simulate, sim_profile=self.sim_profile)
+        if kind == "baseline":
+            return sglang_baseline(self.model_path, name="sglang-baseline" if not self.simulate else "sim-baseline", **common)  # type: ignore[arg-type]
+        return sglang_eagle3(self.model_path, self.draft_model_path, num_steps=self.num_steps, eagle_topk=self.eagle_topk,
+                             num_draft_tokens=self.num_draft_tokens,
+                             name="sglang-eagle3" if not self.simulate else "sim-eagle3", **common)  # type: ignore[arg-type]
+
+
+class LlamaCppSettings(BaseModel):
+    """The local llama.cpp target: tiny generated models (built on demand) or your own GGUF files."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_path: str | None = Field(None, description="Target GGUF; default the generated tiny model in data/models/.")
+    draft_model_path: str | None = Field(None, description="Draft GGUF; default the generated tiny draft.")
+    parallel: int = Field(8, ge=1, le=256, description="Server slots (-np): the most requests decoded together.")
+    ctx: int = Field(8192, ge=256, description="Total context (-c), shared by the slots.")
+    threads: int = Field(2, ge=1, le=256, description="CPU threads (-t).")
+    draft_max: int = Field(4, ge=1, le=64, description="Most tokens drafted per step (--spec-draft-n-max).")
+    port: int = Field(8081, ge=1, le=65535, description="Server port.")
+
+    def profile(self, kind: Literal["baseline", "speculative"]) -> ServerProfile:
+        from specsweep.llamacpp import baseline_profile, speculative_profile
+
+        if kind == "baseline":
+            return baseline_profile(model_path=self.model_path, parallel=self.parallel, ctx=self.ctx,
+                                    threads=self.threads, port=self.port)
+        return speculative_profile(model_path=self.model_path, draft_model_path=self.draft_model_path,
+                                   parallel=self.parallel, ctx=self.ctx, threads=self.threads, draft_max=self.draft_max,
+                                   port=self.port)

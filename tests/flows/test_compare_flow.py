@@ -1,0 +1,145 @@
+"""The flows end to end under a real (temporary) Prefect server, against real local targets."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, FlowRunFilterId
+from prefect.deployments import run_deployment
+from prefect.states import Cancelling, Scheduled
+
+from flows.compare_speculation import compare_speculation
+from specsweep.bench.config import SweepConfig, WorkloadConfig
+from specsweep.presets import sglang_baseline, sglang_eagle3
+from specsweep.store import ResultsStore
+from tests.conftest import pids_with_marker
+from tests.helpers.runner import serving, wait_for_deployment, wait_for_state
+from tests.helpers.sshd import free_port
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+def sim_profiles(port: int, *extra: str):  # type: ignore[no-untyped-def]
+    common = dict(port=port, host="127.0.0.1", simulate=True, sim_profile="tiny-fast", sim_startup_s=0.3, tp=8)
+    base = sglang_baseline("/models/kimi", extra_args=list(extra), **common)  # type: ignore[arg-type]
+    spec = sglang_eagle3("/models/kimi", "/models/eagle3", extra_args=list(extra), **common)  # type: ignore[arg-type]
+    return base.model_copy(update={"startup_timeout_s": 30.0}), spec.model_copy(update={"startup_timeout_s": 30.0})
+
+
+async def test_compare_speculation_end_to_end(tmp_path: Path) -> None:
+    port = free_port()
+    base, spec = sim_profiles(port)
+    results = tmp_path / "results"
+    state = await compare_speculation(
+        base, spec, workload=WorkloadConfig(input_len=16, output_len=32),
+        sweep=SweepConfig(concurrency=[1, 4, 16], num_requests=16, warmup_requests=2, repeats=2),
+        results_dir=str(results), return_state=True,
+    )
+    result = await state.result()
+    comp = result.comparison
+    assert [lv.concurrency for lv in comp.levels] == [1, 4, 16]
+    assert comp.levels[0].ratio > 1.05 and comp.levels[-1].ratio < 0.95  # the simulated crossover
+    assert comp.crossover == 16
+    assert "disable it at 16 and above" in comp.recommendation
+    assert comp.vllm_num_speculative_tokens_per_batch_size == {"1-15": 3, "16-4096": 0}
+    assert all(lv.ratio_low is not None for lv in comp.levels)  # repeats give an interval
+    assert pids_with_marker(port) == []
+
+    store = ResultsStore(results)
+    runs = store.runs()
+    assert set(runs["status"]) == {"completed"} and len(runs) == 2
+    assert set(runs["engine_version"]) == {"sglang 0.5.4-specsweep-sim"}
+    levels = pd.read_parquet(results / "levels")
+    assert len(levels) == 2 * 3 * 2
+    plots = list((results / "plots").glob("*/*.png"))
+    assert sorted(p.name for p in plots) == ["latency.png", "speedup.png", "throughput.png"]
+    assert all(p.stat().st_size < 400_000 for p in plots)
+
+    async with get_client() as client:
+        arts = await client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])))
+    by_key = {a.key: a for a in arts if a.key}
+    report = by_key["speculation-comparison"]
+    assert "disable it at 16 and above" in report.data and "data:image/png;base64," in report.data
+    assert "sglang-baseline-levels" in by_key and "sglang-eagle3-levels" in by_key
+    assert any(a.type == "progress" for a in arts)
+
+
+async def test_retry_like_the_ui_reuses_finished_levels(tmp_path: Path) -> None:
+    """A server crash fails the run at the third level; the UI's Retry resumes there and keeps levels 1-2."""
+    port = free_port()
+    once = tmp_path / "fault-fired"
+    # The server dies right after the 24th request: levels 1 and 2 (12 each, warm-up included)
+    # finish, level 3's warm-up finds it gone. The once-file makes the restarted server healthy.
+    base, _ = sim_profiles(port, "--fault-die-after", "24", "--fault-once-file", str(once))
+    results = tmp_path / "results"
+    params = {
+        "profile": base.model_dump(mode="json"),
+        "sweep": {"concurrency": [1, 2, 4], "num_requests": 10, "warmup_requests": 2},
+        "workload": {"input_len": 8, "output_len": 16},
+        "results_dir": str(results),
+    }
+    with serving("flows.benchmark_config", "benchmark_config", "retry-test"):
+        await wait_for_deployment("benchmark-config/retry-test")
+        run = await run_deployment("benchmark-config/retry-test", parameters=params, timeout=0)
+        failed = await wait_for_state(run.id, {"Failed", "Completed", "Crashed"})
+        assert failed.state.name == "Failed", failed.state
+        assert once.exists() and pids_with_marker(port) == []
+        first_files = {p.name: p.stat().st_mtime_ns for p in (results / "levels").glob("*/*.parquet")}
+        assert len(first_files) == 2  # levels 1 and 2 were written before the failure
+
+        async with get_client() as client:
+            await client.set_flow_run_state(run.id, Scheduled(name="AwaitingRetry"), force=True)
+        done = await wait_for_state(run.id, {"Completed", "Failed", "Crashed"})
+        assert done.state.name == "Completed", done.state
+        assert done.run_count == 2
+
+        async with get_client() as client:
+            task_runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+    bench = {}
+    for tr in task_runs:
+        if tr.name.startswith("benchmark "):
+            bench.setdefault(tr.name, []).append(tr.state.name)
+    assert sorted(bench) == ["benchmark sglang-baseline concurrency=1.0 #0", "benchmark sglang-baseline concurrency=2.0 #0",
+                             "benchmark sglang-baseline concurrency=4.0 #0"]
+    # Levels 1 and 2: measured once, then taken from the persisted result on the retry.
+    assert sorted(bench["benchmark sglang-baseline concurrency=1.0 #0"]) == ["Cached", "Completed"], bench
+    assert sorted(bench["benchmark sglang-baseline concurrency=2.0 #0"]) == ["Cached", "Completed"], bench
+    # Level 3: failed on the first try, measured on the retry.
+    assert sorted(bench["benchmark sglang-baseline concurrency=4.0 #0"]) == ["Completed", "Failed"], bench
+    files = {p.name: p.stat().st_mtime_ns for p in (results / "levels").glob("*/*.parquet")}
+    assert len(files) == 3
+    assert all(files[name] == mtime for name, mtime in first_files.items())  # not measured again
+    assert pids_with_marker(port) == []
+
+
+async def test_cancelled_run_leaves_no_server(tmp_path: Path) -> None:
+    port = free_port()
+    base, _ = sim_profiles(port)
+    params = {
+        "profile": base.model_dump(mode="json"),
+        "sweep": {"concurrency": [1], "num_requests": 100000, "warmup_requests": 1},
+        "workload": {"input_len": 8, "output_len": 64},
+        "results_dir": str(tmp_path / "results"),
+    }
+    with serving("flows.benchmark_config", "benchmark_config", "cancel-test"):
+        await wait_for_deployment("benchmark-config/cancel-test")
+        run = await run_deployment("benchmark-config/cancel-test", parameters=params, timeout=0)
+        await wait_for_state(run.id, {"Running"})
+        for _ in range(240):  # until the server runs and the level is under way
+            if pids_with_marker(port) and (tmp_path / "results" / "runs").exists():
+                break
+            await asyncio.sleep(0.25)
+        assert pids_with_marker(port)
+        async with get_client() as client:
+            await client.set_flow_run_state(run.id, Cancelling(), force=True)
+        await wait_for_state(run.id, {"Cancelled"}, timeout=60)
+        for _ in range(120):
+            if not pids_with_marker(port):
+                break
+            await asyncio.sleep(0.25)
+    assert pids_with_marker(port) == []
