@@ -1,0 +1,77 @@
+"""The comparison: crossover, recommendation, engine settings, noise and refusal of unlike runs."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from specsweep.compare import check_fingerprints, compare_levels, comparison_markdown, speculative_tokens_from_command
+from specsweep.errors import ConfigError
+
+
+def levels(values: dict[int, list[float]]) -> pd.DataFrame:
+    rows = []
+    for c, tps in values.items():
+        for rep, t in enumerate(tps):
+            rows.append({"mode": "concurrency", "concurrency": c, "repeat": rep, "output_tokens_per_s": t,
+                         "ttft_ms_median": 10.0 * c, "itl_ms_median": 5.0, "spec_accept_length": None,
+                         "spec_acceptance_rate": None})
+    return pd.DataFrame(rows)
+
+
+def test_published_shape_gives_crossover_at_two() -> None:
+    base = levels({1: [92.6, 92.0, 93.1], 2: [181, 180, 182], 8: [537, 530, 540], 64: [767, 770, 765]})
+    spec = levels({1: [96.1, 96.5, 95.8], 2: [173, 172, 174], 8: [318, 320, 317], 64: [346, 345, 347]})
+    comp = compare_levels(base, spec, num_speculative_tokens=3)
+    assert comp.crossover == 2
+    assert comp.recommendation == "Speculation pays up to 1 concurrent request; disable it at 2 and above."
+    assert comp.vllm_num_speculative_tokens_per_batch_size == {"1-1": 3, "2-4096": 0}
+    assert comp.router["speculative_below_concurrency"] == 2
+    assert [lv.verdict for lv in comp.levels] == ["speculation faster", "baseline faster", "baseline faster", "baseline faster"]
+    pol = comp.policy_mean_tokens_per_s
+    assert pol["switch_per_level"] >= pol["always_off"] > pol["always_on"]
+    assert pol["switch_per_level"] == pytest.approx((96.1 + 181 + 537 + 767) / 4)
+    md = comparison_markdown(comp)
+    assert "disable it at 2 and above" in md and '"2-4096": 0' in md
+
+
+def test_single_samples_are_labelled() -> None:
+    comp = compare_levels(levels({1: [100.0], 4: [300.0]}), levels({1: [150.0], 4: [200.0]}))
+    assert [lv.verdict for lv in comp.levels] == ["single sample: speculation faster", "single sample: baseline faster"]
+    assert comp.levels[0].ratio_low is None
+    assert any("single sample" in n for n in comp.notes)
+
+
+def test_overlapping_repeats_are_within_noise() -> None:
+    comp = compare_levels(levels({1: [100, 120, 80]}), levels({1: [105, 85, 125]}))
+    assert comp.levels[0].verdict == "within noise"
+    assert comp.levels[0].ratio_low < 1 < comp.levels[0].ratio_high
+
+
+def test_never_and_always() -> None:
+    always = compare_levels(levels({1: [100.0], 8: [300.0]}), levels({1: [200.0], 8: [400.0]}))
+    assert always.crossover is None and "pays at every level measured" in always.recommendation
+    assert always.vllm_num_speculative_tokens_per_batch_size == {"1-4096": 3}
+    never = compare_levels(levels({1: [200.0], 8: [400.0]}), levels({1: [100.0], 8: [300.0]}))
+    assert never.crossover == 1 and "does not pay at any level" in never.recommendation
+    assert never.vllm_num_speculative_tokens_per_batch_size == {"1-4096": 0}
+
+
+def test_no_common_levels_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="share no concurrency level"):
+        compare_levels(levels({1: [1.0]}), levels({2: [1.0]}))
+
+
+def test_unlike_environments_are_refused_unless_allowed() -> None:
+    a = {"gpu": "NVIDIA RTX PRO 6000", "gpu_count": 8, "driver": "580.1", "engine_version": "sglang 0.5.4", "model": "kimi"}
+    b = dict(a, driver="575.0")
+    with pytest.raises(ConfigError, match="driver: '580.1' vs '575.0'"):
+        check_fingerprints(a, b, allow_mismatch=False)
+    assert check_fingerprints(a, b, allow_mismatch=True) == ["driver: '580.1' vs '575.0'"]
+    assert check_fingerprints(a, dict(a, gpu=None), allow_mismatch=False) == []  # unknown is not a difference
+
+
+def test_speculative_tokens_from_command() -> None:
+    assert speculative_tokens_from_command("python -m sglang.launch_server --speculative-num-steps 5") == 5
+    assert speculative_tokens_from_command("llama-server -md d --spec-draft-n-max 4") == 4
+    assert speculative_tokens_from_command(None) == 3
