@@ -1,6 +1,6 @@
 """Does the simulator reproduce the published Kimi-K2.5 figures within 5 %?
 
-    .venv/bin/python benchmarks/sim_calibration.py [--requests 160]
+    .venv/bin/python benchmarks/sim_calibration.py [--requests 24]
 
 Starts the simulator (published profile) as SGLang baseline and as EAGLE-3, sweeps
 concurrency with the load generator, and prints measured against published:
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from specsweep.bench.config import SweepConfig, WorkloadConfig  # noqa: E402
-from specsweep.bench.measure import BenchTarget, run_sweep  # noqa: E402
+from specsweep.bench.measure import BenchTarget, measure_level  # noqa: E402
 from specsweep.store import ResultsStore, new_run_id  # noqa: E402
 
 LEVELS = [1, 2, 4, 8, 16, 32, 64, 80, 128]
@@ -44,19 +44,25 @@ async def sweep(spec: bool, requests: int, port: int) -> dict[int, float]:
             except httpx.HTTPError:
                 pass
             time.sleep(0.05)
-        rows = await run_sweep(
-            BenchTarget(base_url=f"http://127.0.0.1:{port}"), WorkloadConfig(input_len=128, output_len=128),
-            SweepConfig(concurrency=LEVELS, num_requests=requests, warmup_requests=4),
-            store=ResultsStore(ROOT / "data" / "results"), run_id=new_run_id("sim-calibration"),
-            config_name="sim-eagle3" if spec else "sim-baseline")
-        return {int(r["concurrency"]): r["output_tokens_per_s"] for r in rows}
+        out = {}
+        run_id = new_run_id("sim-calibration")
+        for i, c in enumerate(LEVELS):
+            # Enough requests for a steady state at each level: several rounds of the batch.
+            n = max(requests, 3 * c)
+            row = await measure_level(
+                BenchTarget(base_url=f"http://127.0.0.1:{port}"), WorkloadConfig(input_len=128, output_len=64),
+                SweepConfig(num_requests=n, warmup_requests=min(c, 16)), store=ResultsStore(ROOT / "data" / "results"),
+                run_id=run_id, config_name="sim-eagle3" if spec else "sim-baseline", level_index=i,
+                mode="concurrency", value=c)
+            out[c] = row["output_tokens_per_s"]
+        return out
     finally:
         proc.terminate()
 
 
 async def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--requests", type=int, default=160)
+    ap.add_argument("--requests", type=int, default=24, help="at least this many requests per level (3 x C above)")
     args = ap.parse_args()
     base = await sweep(False, args.requests, 18520)
     spec = await sweep(True, args.requests, 18521)

@@ -12,6 +12,7 @@ from specsweep.hosts.config import HostConfig
 from specsweep.profiles import ServerProfile
 from specsweep.stages import LifecycleOptions
 from specsweep.store import DEFAULT_ROOT
+from tasks.blocks import aresolve_host
 
 
 def _profiles(params: dict[str, Any]) -> list[ServerProfile]:
@@ -25,6 +26,7 @@ _cleanup = cleanup_hook(_profiles)
 async def benchmark_config(
     profile: ServerProfile,
     host: HostConfig = HostConfig(),
+    host_block: str | None = None,
     workload: WorkloadConfig = WorkloadConfig(),
     sweep: SweepConfig = SweepConfig(),
     request: RequestOptions = RequestOptions(),
@@ -32,4 +34,5 @@ async def benchmark_config(
     results_dir: str = str(DEFAULT_ROOT),
 ) -> ConfigurationResult:
     """Kill leftovers, start the server, wait until healthy, measure every level, kill the server."""
+    host = await aresolve_host(host, host_block)
     return await run_configuration(profile, host, workload, sweep, request, stages, results_dir)

@@ -11,7 +11,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from pydantic import BaseModel
 
-from flows.pipeline import ConfigurationResult, cleanup_hook, run_configuration
+from flows.pipeline import ConfigurationResult, cleanup_hook, host_lock, run_configuration
 from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
 from specsweep.compare import Comparison
 from specsweep.hosts.config import HostConfig
@@ -19,6 +19,7 @@ from specsweep.profiles import ServerProfile
 from specsweep.settings import LlamaCppSettings, SGLangSettings
 from specsweep.stages import LifecycleOptions
 from specsweep.store import DEFAULT_ROOT
+from tasks.blocks import aresolve_host
 from tasks.results import compare_configurations
 
 
@@ -42,8 +43,9 @@ async def run_comparison(
 ) -> ComparisonResult:
     logger = get_run_logger()
     logger.info("comparing %s (baseline) with %s (speculative) on %s", baseline.name, speculative.name, host.label)
-    base = await run_configuration(baseline, host, workload, sweep, request, stages, results_dir)
-    spec = await run_configuration(speculative, host, workload, sweep, request, stages, results_dir)
+    async with host_lock(host):  # both configurations, back to back, with nobody else on the host
+        base = await run_configuration(baseline, host, workload, sweep, request, stages, results_dir, lock=False)
+        spec = await run_configuration(speculative, host, workload, sweep, request, stages, results_dir, lock=False)
     comp = await compare_configurations(base.run_id, spec.run_id, results_dir, allow_mismatch)
     return ComparisonResult(baseline=base, speculative=spec, comparison=comp, results_dir=results_dir)
 
@@ -61,6 +63,7 @@ async def compare_speculation(
     baseline: ServerProfile,
     speculative: ServerProfile,
     host: HostConfig = HostConfig(),
+    host_block: str | None = None,
     workload: WorkloadConfig = WorkloadConfig(),
     sweep: SweepConfig = SweepConfig(),
     request: RequestOptions = RequestOptions(),
@@ -69,6 +72,7 @@ async def compare_speculation(
     allow_mismatch: bool = False,
 ) -> ComparisonResult:
     """Measure both configurations one after the other and say where speculation stops paying."""
+    host = await aresolve_host(host, host_block)
     return await run_comparison(baseline, speculative, host, workload, sweep, request, stages, results_dir, allow_mismatch)
 
 
@@ -85,6 +89,7 @@ _sglang_cleanup = cleanup_hook(_sglang_profiles)
 async def compare_sglang_eagle3(
     sglang: SGLangSettings = SGLangSettings(),
     host: HostConfig = HostConfig(),
+    host_block: str | None = None,
     workload: WorkloadConfig = WorkloadConfig(),
     sweep: SweepConfig = SweepConfig(concurrency=[1, 2, 4, 8, 16, 32, 64]),
     request: RequestOptions = RequestOptions(),
@@ -93,6 +98,7 @@ async def compare_sglang_eagle3(
     allow_mismatch: bool = False,
 ) -> ComparisonResult:
     """SGLang baseline vs EAGLE-3 from a few fields (model paths, TP, port); simulate=true rehearses it."""
+    host = await aresolve_host(host, host_block)
     return await run_comparison(sglang.profile("baseline"), sglang.profile("eagle3"), host, workload, sweep, request,
                                 stages, results_dir, allow_mismatch)
 

@@ -13,6 +13,7 @@ from specsweep.profiles import ServerProfile
 from specsweep.settings import SGLangSettings
 from specsweep.stages import LifecycleOptions
 from specsweep.store import DEFAULT_ROOT
+from tasks.blocks import aresolve_host
 
 
 def _profiles(params: dict[str, Any]) -> list[ServerProfile]:
@@ -26,6 +27,7 @@ _cleanup = cleanup_hook(_profiles)
 async def eagle3_benchmark(
     sglang: SGLangSettings = SGLangSettings(),
     host: HostConfig = HostConfig(),
+    host_block: str | None = None,
     workload: WorkloadConfig = WorkloadConfig(),
     sweep: SweepConfig = SweepConfig(concurrency=[1, 2, 4, 8, 16, 32, 64]),
     request: RequestOptions = RequestOptions(),
@@ -33,4 +35,5 @@ async def eagle3_benchmark(
     results_dir: str = str(DEFAULT_ROOT),
 ) -> ConfigurationResult:
     """SGLang with EAGLE-3 speculative decoding, measured at every concurrency level."""
+    host = await aresolve_host(host, host_block)
     return await run_configuration(sglang.profile("eagle3"), host, workload, sweep, request, stages, results_dir)

@@ -12,14 +12,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import re
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 from prefect import get_run_logger
 from prefect.artifacts import acreate_progress_artifact, aupdate_progress_artifact
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
 from prefect.client.schemas.objects import FlowRun, State
+from prefect.concurrency.asyncio import concurrency
 from prefect.context import get_run_context
-from pydantic import BaseModel
+from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+from pydantic import BaseModel, SecretStr
 
 from specsweep import lifecycle
 from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
@@ -31,6 +39,44 @@ from specsweep.store import ResultsStore, now_iso
 from tasks.benchmark import run_concurrency_benchmark
 from tasks.results import artifact_key, fingerprint_environment, publish_configuration
 from tasks.server import kill_server, start_server, wait_for_health
+
+
+def lock_name(host: HostConfig) -> str:
+    label = socket.gethostname() if host.kind == "local" else host.label
+    return "specsweep-host-" + re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
+
+
+@asynccontextmanager
+async def host_lock(host: HostConfig) -> AsyncIterator[None]:
+    """One benchmark per host at a time, whoever started it: a global concurrency limit of 1
+    per host (created when missing), held from the first kill to the last."""
+    logger = get_run_logger()
+    name = lock_name(host)
+    async with get_client() as client:
+        try:
+            limit = await client.read_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            try:
+                await client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
+            except ObjectAlreadyExists:
+                pass
+            limit = await client.read_global_concurrency_limit_by_name(name)
+    if limit.active_slots >= limit.limit:
+        logger.info("waiting for host %s: another benchmark is running on it (global concurrency limit %r)",
+                    host.label, name)
+    t0 = time.monotonic()
+    async with concurrency(name, occupy=1, strict=True):
+        logger.info("holding host %s (waited %.1f s); other runs on it wait until this one ends", host.label,
+                    time.monotonic() - t0)
+        yield
+
+
+async def resolve_request(request: RequestOptions) -> RequestOptions:
+    """Fill the API key from its Secret block, if one is named."""
+    from tasks.blocks import aresolve_secret
+
+    key = await aresolve_secret(request.api_key_secret)
+    return request.model_copy(update={"api_key": SecretStr(key)}) if key else request
 
 
 class ConfigurationResult(BaseModel):
@@ -58,8 +104,15 @@ async def run_configuration(
     request: RequestOptions,
     stages: LifecycleOptions,
     results_dir: str,
+    *,
+    lock: bool = True,
 ) -> ConfigurationResult:
+    """One configuration through the pipeline; with ``lock``, holding the host's lock throughout."""
+    if lock:
+        async with host_lock(host):
+            return await run_configuration(profile, host, workload, sweep, request, stages, results_dir, lock=False)
     logger = get_run_logger()
+    request = await resolve_request(request)
     store = ResultsStore(results_dir)
     store.check_writable()  # before anything touches the host
     run_id = run_id_for(profile)
@@ -135,10 +188,12 @@ def cleanup_hook(profiles_from: Callable[[dict[str, Any]], list[ServerProfile]])
     """
 
     def hook(flow: Any, flow_run: FlowRun, state: State) -> None:
+        from tasks.blocks import resolve_host
+
         log = logging.getLogger("specsweep.cleanup")
         params = flow_run.parameters or {}
         try:
-            host = HostConfig.model_validate(params.get("host") or {})
+            host = resolve_host(HostConfig.model_validate(params.get("host") or {}), params.get("host_block"))
             profiles = profiles_from(params)
         except Exception as exc:  # noqa: BLE001 - a hook must not raise
             log.error("cleanup of flow run %s: cannot rebuild its servers from the parameters: %s", flow_run.id, exc)

@@ -10,6 +10,8 @@ command -v ssh-keygen >/dev/null || missing+=(openssh-client)
 command -v ss >/dev/null && command -v ip >/dev/null || missing+=(iproute2)
 command -v ps >/dev/null || missing+=(procps)
 command -v setsid >/dev/null || missing+=(util-linux)
+command -v runuser >/dev/null || missing+=(util-linux)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "bootstrap: installing ${missing[*]} (Debian packages)" >&2
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"

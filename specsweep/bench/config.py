@@ -20,7 +20,10 @@ class RequestOptions(BaseModel):
         description="completions: /v1/completions; chat: /v1/chat/completions; generate: SGLang's native /generate.",
     )
     model: str | None = Field(None, description="Model name sent in the request; default: the server's first model.")
-    api_key: SecretStr | None = Field(None, description="Sent as 'Authorization: Bearer ...'. Prefer a Secret block.")
+    api_key: SecretStr | None = Field(None, description="Sent as 'Authorization: Bearer ...'. Prefer api_key_secret.")
+    api_key_secret: str | None = Field(
+        None, description="Name of a Prefect Secret block holding the API key (flows only); keeps it out of parameters."
+    )
     ignore_eos: bool = Field(True, description="Generate exactly the requested output length.")
     temperature: float = Field(0.0, ge=0, le=5, description="Sampling temperature; 0 is greedy and repeatable.")
     timeout_s: float = Field(300.0, gt=0, le=24 * 3600, description="Limit of one request, first byte to last.")

@@ -1,0 +1,88 @@
+"""Prefect blocks: SSH hosts saved once (key included, as a secret) and named by flows.
+
+    prefect block register -m tasks.blocks
+    SSHHostBlock(hostname="gpu-01", user="bench", private_key=open("id_ed25519").read(),
+                 known_hosts=open("known_hosts").read()).save("gpu-01")
+
+Flows take the block's name (``host_block="gpu-01"``), so no key ever travels as a flow
+parameter or shows in the UI. API keys for the engine live in Prefect ``Secret`` blocks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+from prefect.blocks.core import Block
+from pydantic import Field, SecretStr
+
+from specsweep.hosts.config import HostConfig, SSHEndpoint
+
+
+def _known_hosts_file(text: str) -> Path:
+    """known_hosts entries from a block, as a private file paramiko can read (one per content)."""
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    path = Path(tempfile.gettempdir()) / f"specsweep-known-hosts-{os.getuid()}-{digest}"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text if text.endswith("\n") else text + "\n")
+    return path
+
+
+class SSHHostBlock(Block):
+    """A GPU host reached over SSH, optionally through a jump host."""
+
+    _block_type_name = "SSH Host"
+    _block_type_slug = "ssh-host"
+    _description = "A machine specsweep runs servers on, reached over SSH (optionally through a jump host)."
+
+    hostname: str = Field(description="DNS name or address of the host.")
+    port: int = Field(22, ge=1, le=65535, description="SSH port.")
+    user: str | None = Field(None, description="Login name.")
+    private_key: SecretStr | None = Field(None, description="Private key (OpenSSH or PEM text); stored encrypted.")
+    passphrase: SecretStr | None = Field(None, description="Passphrase of the private key, if any.")
+    known_hosts: str | None = Field(None, description="known_hosts lines for the host (and jump host).")
+    known_hosts_path: str | None = Field(None, description="Or: a known_hosts file on the machine running the flow.")
+    accept_unknown_host_key: bool = Field(False, description="Trust a host key missing from known_hosts (logged).")
+    jump_hostname: str | None = Field(None, description="Jump host (bastion) to go through, if any.")
+    jump_port: int = Field(22, ge=1, le=65535, description="Jump host SSH port.")
+    jump_user: str | None = Field(None, description="Login name on the jump host; default the same user.")
+    http_address: str | None = Field(None, description="Address the benchmark client uses to reach the server port.")
+
+    def host_config(self) -> HostConfig:
+        known = _known_hosts_file(self.known_hosts) if self.known_hosts else (
+            Path(self.known_hosts_path) if self.known_hosts_path else None)
+        common = dict(private_key=self.private_key, passphrase=self.passphrase, known_hosts=known,
+                      accept_unknown_host_key=self.accept_unknown_host_key, use_agent=self.private_key is None)
+        target = SSHEndpoint(hostname=self.hostname, port=self.port, user=self.user, **common)  # type: ignore[arg-type]
+        jump = (SSHEndpoint(hostname=self.jump_hostname, port=self.jump_port, user=self.jump_user or self.user,
+                            **common)  # type: ignore[arg-type]
+                if self.jump_hostname else None)
+        return HostConfig(kind="ssh", ssh=target, jump=jump, http_address=self.http_address)
+
+
+def resolve_host(host: HostConfig, host_block: str | None) -> HostConfig:
+    """The host a flow runs on: a saved ssh-host block when named, else the host parameter."""
+    if not host_block:
+        return host
+    return SSHHostBlock.load(host_block).host_config()  # type: ignore[union-attr]
+
+
+async def aresolve_host(host: HostConfig, host_block: str | None) -> HostConfig:
+    if not host_block:
+        return host
+    block = await SSHHostBlock.aload(host_block)
+    return block.host_config()
+
+
+async def aresolve_secret(name: str | None) -> str | None:
+    """The value of a Prefect Secret block, or None when no name is given."""
+    if not name:
+        return None
+    from prefect.blocks.system import Secret
+
+    secret = await Secret.aload(name)
+    return str(secret.get())

@@ -1,0 +1,133 @@
+"""The deployment path as users take it: a real Prefect server (SQLite, then PostgreSQL), blocks,
+a process work pool, `prefect deploy`, a worker, runs created through the API."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, LogFilter, LogFilterFlowRunId
+from prefect.settings import PREFECT_API_URL, temporary_settings
+
+from specsweep.store import ResultsStore
+from tests.conftest import pids_with_marker
+from tests.helpers.prefect_server import PREFECT, REPO, postgres, prefect_cli, prefect_server
+from tests.helpers.sshd import free_port
+
+DEPLOYMENTS = {"compare-local-llamacpp/local", "compare-sglang-eagle3/sglang", "compare-speculation/profiles",
+               "eagle3-benchmark/eagle3", "baseline-benchmark/baseline"}
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def deployed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """A Prefect server on the given database, with blocks registered, the deployments deployed, a worker."""
+    work = tmp_path_factory.mktemp(f"prefect-{request.param}")
+    if request.param == "postgresql":
+        db_cm = postgres(work / "pg")
+        db_url = db_cm.__enter__()
+    else:
+        db_cm, db_url = None, None
+    try:
+        with prefect_server(work / "home", db_url) as env:
+            for args in (["block", "register", "-m", "tasks.blocks"],
+                         ["work-pool", "create", "specsweep", "--type", "process"],
+                         ["--no-prompt", "deploy", "--all", "--prefect-file", "deployments/prefect.yaml"]):
+                result = prefect_cli(env, *args)
+                assert result.returncode == 0, f"prefect {' '.join(args)}:\n{result.stdout}\n{result.stderr}"
+            worker_log = open(work / "worker.log", "wb")  # noqa: SIM115
+            worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", "specsweep", "--limit", "4"], env=env,
+                                      cwd=REPO, stdout=worker_log, stderr=subprocess.STDOUT)
+            try:
+                with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
+                    yield env
+            finally:
+                worker.terminate()
+                worker.wait(30)
+                worker_log.close()
+    finally:
+        if db_cm is not None:
+            db_cm.__exit__(None, None, None)
+
+
+async def wait_done(flow_run_id: object, timeout: float = 240) -> object:
+    deadline = time.monotonic() + timeout
+    async with get_client() as client:
+        while time.monotonic() < deadline:
+            run = await client.read_flow_run(flow_run_id)  # type: ignore[arg-type]
+            if run.state and run.state.is_final():
+                return run
+            await asyncio.sleep(1)
+    raise TimeoutError(f"flow run {flow_run_id} did not finish: {run.state}")
+
+
+def sim_settings(port: int) -> dict[str, object]:
+    return {"model_path": "/models/kimi", "draft_model_path": "/models/eagle3", "tp": 8, "port": port,
+            "bind_host": "127.0.0.1", "simulate": True, "sim_profile": "tiny-fast", "python": ".venv/bin/python"}
+
+
+async def test_deployments_register_with_schedules(deployed: dict[str, str]) -> None:
+    async with get_client() as client:
+        deployments = await client.read_deployments()
+        names = set()
+        for d in deployments:
+            flow = await client.read_flow(d.flow_id)
+            names.add(f"{flow.name}/{d.name}")
+            assert d.schedules and all(not s.active for s in d.schedules)  # nightly, defined but off
+            assert d.schedules[0].schedule.cron == "0 3 * * *"
+        blocks = await client.read_block_types()
+    assert DEPLOYMENTS <= names
+    assert "ssh-host" in {b.slug for b in blocks}
+
+
+async def test_run_with_custom_parameters_completes_with_artifacts_and_logs(deployed: dict[str, str], tmp_path: Path) -> None:
+    port = free_port()
+    params = {"sglang": sim_settings(port), "results_dir": str(tmp_path / "results"),
+              "sweep": {"concurrency": [1, 16], "num_requests": 12, "warmup_requests": 2},
+              "workload": {"input_len": 8, "output_len": 24}}
+    async with get_client() as client:
+        dep = await client.read_deployment_by_name("compare-sglang-eagle3/sglang")
+        run = await client.create_flow_run_from_deployment(dep.id, parameters=params)
+    done = await wait_done(run.id)
+    assert done.state.is_completed(), done.state  # type: ignore[attr-defined]
+    async with get_client() as client:
+        arts = await client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
+        logs = await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
+    keys = {a.key for a in arts}
+    assert {"speculation-comparison", "sim-baseline-levels", "sim-eagle3-levels"} <= keys
+    text = "\n".join(log.message for log in logs)
+    assert "comparison: Speculation pays up to 1 concurrent request; disable it at 16 and above." in text
+    assert "[server] " in text and "health attempt" in text
+    assert len(ResultsStore(tmp_path / "results").runs()) == 2
+    assert pids_with_marker(port) == []
+
+
+async def test_two_runs_on_one_host_do_not_overlap(deployed: dict[str, str], tmp_path: Path) -> None:
+    if "postgresql" in deployed.get("PREFECT_API_DATABASE_CONNECTION_URL", ""):
+        pytest.skip("checked once, on SQLite")
+    results = tmp_path / "results"
+    runs = []
+    async with get_client() as client:
+        dep = await client.read_deployment_by_name("eagle3-benchmark/eagle3")
+        for _ in range(2):  # different ports: only the host lock keeps them apart
+            params = {"sglang": sim_settings(free_port()), "results_dir": str(results),
+                      "sweep": {"concurrency": [1, 4], "num_requests": 16, "warmup_requests": 1},
+                      "workload": {"input_len": 8, "output_len": 32}}
+            runs.append(await client.create_flow_run_from_deployment(dep.id, parameters=params))
+    for run in runs:
+        done = await wait_done(run.id)
+        assert done.state.is_completed(), done.state  # type: ignore[attr-defined]
+    table = ResultsStore(results).runs().sort_values("started_at")
+    assert len(table) == 2
+    first, second = table.iloc[0], table.iloc[1]
+    assert first["ended_at"] <= second["started_at"], table[["started_at", "ended_at"]]
+    async with get_client() as client:
+        texts = []
+        for run in runs:
+            logs = await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
+            texts.append("\n".join(log.message for log in logs))
+    assert any("waiting for host local: another benchmark is running on it" in t for t in texts)
