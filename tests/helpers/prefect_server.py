@@ -27,13 +27,19 @@ def postgres(workdir: Path) -> Iterator[str]:
     if not bins:
         raise RuntimeError("PostgreSQL is not installed: scripts/bootstrap.sh installs Debian's postgresql")
     bin_dir = Path(bins[-1])
+    # The postgres user cannot enter pytest's private temporary folders: use a folder of its own.
+    import tempfile
+
+    workdir = Path(tempfile.mkdtemp(prefix="specsweep-pg-"))
     data = workdir / "pgdata"
     data.mkdir(parents=True)
     shutil.chown(workdir, "postgres")
     shutil.chown(data, "postgres")
     as_pg = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    subprocess.run([*as_pg, str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres"], check=True,
-                   capture_output=True)
+    init = subprocess.run([*as_pg, str(bin_dir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres"],
+                          capture_output=True, text=True)
+    if init.returncode:
+        raise RuntimeError(f"initdb failed: {init.stderr or init.stdout}")
     port = free_port()
     subprocess.run([*as_pg, str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(workdir / "pg.log"), "-w", "start",
                     "-o", f"-p {port} -k {workdir} -c listen_addresses=127.0.0.1"], check=True, capture_output=True)
@@ -43,6 +49,7 @@ def postgres(workdir: Path) -> Iterator[str]:
         yield f"postgresql+asyncpg://postgres@127.0.0.1:{port}/prefect"
     finally:
         subprocess.run([*as_pg, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "fast", "stop"], capture_output=True)
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 @contextmanager
