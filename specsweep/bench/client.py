@@ -1,8 +1,10 @@
 """Stream one request and record what arrived, when.
 
-The timed path uses aiohttp directly (its C HTTP parser, bodies encoded once per level):
-httpx's request building costs more per request than the whole budget of a streamed
-token allows (see benchmarks/client_speed.py); everything outside the timed path uses httpx.
+The timed path uses specsweep's minimal HTTP/1.1 client (``http1``): requests are bytes
+prepared before the level, connections are opened before the clock starts, and each read
+is stamped with the kernel's receive time. General clients cost more per request than a
+streamed token's budget allows (see benchmarks/client_speed.py); everything outside the
+timed path uses httpx.
 
 One function per wire format rather than per engine: OpenAI completions, OpenAI chat,
 and SGLang's native /generate. Timing is taken when bytes arrive from the network, so
@@ -18,10 +20,10 @@ import asyncio
 import time
 from typing import Any
 
-import aiohttp
 import orjson
 
 from specsweep.bench.config import RequestOptions
+from specsweep.bench.http1 import ConnectionLost, HTTPStatusError, Pool
 from specsweep.bench.records import RequestRecord
 from specsweep.bench.workload import Prompt
 
@@ -169,57 +171,45 @@ class _Parser:
             rec.output_tokens_source = "chunks"
 
 
-async def stream_request(
-    session: aiohttp.ClientSession,
-    url: str,
-    body: bytes,
-    headers: dict[str, str],
-    rec: RequestRecord,
-    endpoint: str,
-    timeout_s: float,
-) -> RequestRecord:
-    """Send one streamed request (``body`` already JSON-encoded) and fill ``rec``.
+async def stream_request(pool: Pool, raw: bytes, rec: RequestRecord, endpoint: str, timeout_s: float) -> RequestRecord:
+    """Send one streamed request (``raw``: the whole HTTP request, prepared) and fill ``rec``.
 
     Errors become fields of the record, never exceptions (except cancellation, which
     keeps the partial record and propagates).
     """
     parser = _Parser(endpoint, rec)
-    rec.sent_s = _perf()
+
+    def sent() -> None:
+        rec.sent_s = _perf()
+
     try:
         async with asyncio.timeout(timeout_s):
-            try:
-                resp = await session.post(url, data=body, headers=headers)
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
-                # A pooled keep-alive connection the server had already closed (llama.cpp's
-                # HTTP server closes idle ones): nothing reached the server, so send once more
-                # on a fresh connection, timing from this send.
-                rec.sent_s = _perf()
-                resp = await session.post(url, data=body, headers=headers)
-            async with resp:
-                rec.status_code = resp.status
-                if resp.status != 200:
-                    detail = (await resp.read())[:500].decode("utf-8", errors="replace")
-                    rec.error_type, rec.error_message = "HTTPStatus", f"HTTP {resp.status}: {detail}"
-                else:
-                    feed = parser.feed
-                    async for data in resp.content.iter_any():
-                        feed(data, _perf())
-                    if parser.buf.strip():
-                        feed(b"\n", _perf())
-                    if not parser.done:
-                        rec.error_type, rec.error_message = "CutOff", "the stream ended before its final event ([DONE])"
-                    elif parser.malformed:
-                        rec.error_type = "MalformedSSE"
-                        rec.error_message = f"{parser.malformed} event(s) were not valid JSON"
+            await pool.request(raw, parser.feed, sent)
+        rec.status_code = 200
+        if parser.buf.strip():
+            parser.feed(b"\n", _perf())
+        if not parser.done:
+            rec.error_type, rec.error_message = "CutOff", "the stream ended before its final event ([DONE])"
+        elif parser.malformed:
+            rec.error_type = "MalformedSSE"
+            rec.error_message = f"{parser.malformed} event(s) were not valid JSON"
+    except HTTPStatusError as exc:
+        rec.status_code = exc.status
+        rec.error_type, rec.error_message = "HTTPStatus", str(exc)
     except TimeoutError:
         rec.error_type, rec.error_message = "Timeout", f"no complete answer within {timeout_s:g} s"
-    except aiohttp.ClientError as exc:
+    except ConnectionLost as exc:
+        rec.error_type = "CutOff" if rec.chunk_times_s else "ConnectionLost"
+        rec.error_message = str(exc)
+    except OSError as exc:
         rec.error_type, rec.error_message = type(exc).__name__, str(exc) or type(exc).__name__
     except asyncio.CancelledError:
         rec.error_type, rec.error_message = "Cancelled", "the level was cancelled"
         rec.end_s = _perf()
         parser.finish()
         raise
+    if rec.sent_s is None:
+        rec.sent_s = rec.scheduled_s
     rec.end_s = _perf()
     parser.finish()
     return rec

@@ -3,10 +3,11 @@
 Closed loop: ``concurrency`` workers each send the next request as soon as their last one
 ended. Open loop: Poisson arrivals at ``rate`` per second; each request's latency counts
 from its scheduled time, so a client that falls behind cannot hide the wait
-(coordinated omission). One shared HTTP client per level (aiohttp's C parser under the
-httpx API) with its connection pool sized to the level; nothing is set up per request
-inside the timed path. The client's own CPU time and event-loop lag are measured, and a
-level where the client was the bottleneck is flagged.
+(coordinated omission). One connection pool per level, as large as the level's
+concurrency and opened before the clock starts; requests are bytes prepared in advance,
+so nothing is set up per request inside the timed path (``http1``). The client's own
+CPU time and event-loop lag are measured, and a level where the client was the
+bottleneck is flagged.
 """
 
 from __future__ import annotations
@@ -20,12 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import httpx
 import orjson
 
 from specsweep.bench.client import PATHS, request_body, stream_request
 from specsweep.bench.config import RequestOptions, SweepConfig
+from specsweep.bench.http1 import Pool
 from specsweep.bench.records import RequestRecord
 from specsweep.bench.spec_counters import read_spec_counters
 from specsweep.bench.workload import Prompt
@@ -59,12 +60,9 @@ class LevelRun:
         return self.client_cpu_share >= CPU_BOTTLENECK or (self.loop_lag_p99_ms or 0.0) >= LAG_BOTTLENECK_MS
 
 
-def make_session(max_connections: int) -> aiohttp.ClientSession:
-    """One client for a level, its pool as large as the level's concurrency and no larger."""
-    connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=max_connections, keepalive_timeout=30,
-                                     ttl_dns_cache=None)
-    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None),
-                                 auto_decompress=False, headers={"Content-Type": "application/json"})
+def make_pool(base_url: str, max_connections: int) -> Pool:
+    """One client for a level, its connections as many as the level's concurrency and no more."""
+    return Pool(base_url, max_connections)
 
 
 def auth_headers(opts: RequestOptions) -> dict[str, str]:
@@ -96,18 +94,6 @@ class _LagMonitor:
             return None, None
         xs = sorted(self.lags)
         return xs[min(len(xs) - 1, int(0.99 * len(xs)))] * 1000, xs[-1] * 1000
-
-
-async def _open_connections(session: aiohttp.ClientSession, url: str, headers: dict[str, str], n: int) -> None:
-    """Open the level's connections before its clock starts: no TCP setup inside the timed path."""
-    async def one() -> None:
-        try:
-            async with session.get(url, headers=headers) as r:
-                await r.read()
-        except aiohttp.ClientError:
-            pass
-
-    await asyncio.gather(*(one() for _ in range(min(n, 4096))))
 
 
 async def _closed_loop(send: Any, concurrency: int, count: int, duration_s: float | None, first_index: int) -> list[RequestRecord]:
@@ -193,19 +179,21 @@ async def run_level_in_process(
     conc = int(value) if mode == "concurrency" else (sweep.max_concurrency or max(1, min(1024, count)))
     url = base_url.rstrip("/") + PATHS[opts.endpoint]
     headers = auth_headers(opts)
-    bodies = [orjson.dumps(request_body(opts, p, output_len, model)) for p in prompts]
-    async with make_session(max(conc, 1)) as session, httpx.AsyncClient(timeout=30) as client:
+    pool = make_pool(base_url, max(conc, 1))
+    raws = [pool.request_bytes(PATHS[opts.endpoint], orjson.dumps(request_body(opts, p, output_len, model)), headers)
+            for p in prompts]
+    async with httpx.AsyncClient(timeout=30) as client:
         async def send(rec: RequestRecord, i: int) -> None:
             p = prompts[i % len(prompts)]
             if p.input_tokens is not None:
                 rec.prompt_tokens, rec.prompt_tokens_exact = p.input_tokens, p.exact
-            await stream_request(session, url, bodies[i % len(bodies)], headers, rec, opts.endpoint, opts.timeout_s)
+            await stream_request(pool, raws[i % len(raws)], rec, opts.endpoint, opts.timeout_s)
             if on_request is not None and i >= 0:
                 on_request(rec)
 
         async def warm_send(rec: RequestRecord, i: int) -> None:
             rec.warmup = True
-            await stream_request(session, url, bodies[i % len(bodies)], headers, rec, opts.endpoint, opts.timeout_s)
+            await stream_request(pool, raws[i % len(raws)], rec, opts.endpoint, opts.timeout_s)
 
         if warmup:
             warm = await _closed_loop(warm_send, min(conc, warmup), warmup, None, -warmup)
@@ -215,7 +203,7 @@ async def run_level_in_process(
                     f"all {warmup} warm-up requests to {url} failed ({first.error_type}: {first.error_message}); "
                     "check the URL, endpoint and API key"
                 )
-        await _open_connections(session, base_url.rstrip("/") + "/v1/models", headers, conc)
+        await pool.prefill(min(conc, 4096))  # no TCP setup inside the timed path
         spec_before = await read_spec_counters(client, base_url, headers)
         if start_at is not None:
             await asyncio.sleep(max(0.0, start_at - time.perf_counter()))
@@ -227,6 +215,7 @@ async def run_level_in_process(
             else:
                 records = await _open_loop(send, value, count, sweep.duration_s, sweep.max_concurrency, seed, first_index)
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+        pool.close()
         spec_after = await read_spec_counters(client, base_url, headers)
     p99, worst = lag.stats_ms()
     return LevelRun(mode, value, repeat, records, started_at, cpu, wall, p99, worst, 1, spec_before, spec_after)

@@ -1,0 +1,69 @@
+"""The timed path's HTTP/1.1 parser, fed real response bytes split at every boundary."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from specsweep.bench.http1 import ConnectionLost, HTTPStatusError, _Response
+
+CHUNKED = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+           b"d\r\ndata: {\"a\":1}\r\n\r\n"
+           b"12\r\ndata: {\"a\":\"xyz\"}\r\n\r\n"
+           b"e\r\ndata: [DONE]\n\n\r\n"
+           b"0\r\n\r\n")
+BODY = b'data: {"a":1}\n\ndata: {"a":"xyz"}\n\ndata: [DONE]\n\n'
+
+
+async def feed_in_pieces(raw: bytes, cuts: list[int]) -> tuple[bytes, _Response, asyncio.Future[None]]:
+    got = bytearray()
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    resp = _Response(lambda data, now: got.extend(data), done)
+    last = 0
+    for c in [*sorted(cuts), len(raw)]:
+        if c > last:
+            resp.feed(raw[last:c], 0.0)
+            last = c
+    return bytes(got), resp, done
+
+
+@pytest.mark.parametrize("seed", range(30))
+async def test_chunked_body_survives_any_split(seed: int) -> None:
+    rng = random.Random(seed)
+    cuts = rng.sample(range(1, len(CHUNKED)), k=rng.randint(1, 12))
+    got, resp, done = await feed_in_pieces(CHUNKED, cuts)
+    assert got == BODY and done.done() and done.exception() is None and resp.keep_alive
+
+
+async def test_every_single_byte_boundary() -> None:
+    got, _, done = await feed_in_pieces(CHUNKED, list(range(1, len(CHUNKED))))
+    assert got == BODY and done.done()
+
+
+async def test_content_length_and_close_delimited() -> None:
+    raw = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
+    got, resp, done = await feed_in_pieces(raw, [20, 40])
+    assert got == b"hello" and done.done() and resp.keep_alive
+    raw = b"HTTP/1.0 200 OK\r\n\r\nuntil close"
+    got, resp, done = await feed_in_pieces(raw, [3])
+    assert got == b"until close" and not done.done() and not resp.keep_alive
+    resp.eof()
+    assert done.done() and done.exception() is None
+
+
+async def test_error_status_carries_the_body() -> None:
+    raw = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 12\r\n\r\nsimulated!!!"
+    got, _, done = await feed_in_pieces(raw, [10])
+    assert got == b""
+    with pytest.raises(HTTPStatusError, match="HTTP 500: simulated!!!"):
+        done.result()
+
+
+async def test_cut_off_mid_body_is_connection_lost() -> None:
+    got, resp, done = await feed_in_pieces(CHUNKED[:60], [30])
+    resp.eof()
+    with pytest.raises(ConnectionLost):
+        done.result()
+    assert got  # what arrived before the cut was delivered
