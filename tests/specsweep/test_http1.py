@@ -9,11 +9,9 @@ import pytest
 
 from specsweep.bench.http1 import ConnectionLost, HTTPStatusError, _Response
 
+PIECES = [b'data: {"a":1}\n\n', b'data: {"a":"xyz"}\n\n', b"data: [DONE]\n\n"]
 CHUNKED = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-           b"d\r\ndata: {\"a\":1}\r\n\r\n"
-           b"12\r\ndata: {\"a\":\"xyz\"}\r\n\r\n"
-           b"e\r\ndata: [DONE]\n\n\r\n"
-           b"0\r\n\r\n")
+           + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in PIECES) + b"0\r\n\r\n")
 BODY = b'data: {"a":1}\n\ndata: {"a":"xyz"}\n\ndata: [DONE]\n\n'
 
 
@@ -62,7 +60,7 @@ async def test_error_status_carries_the_body() -> None:
 
 
 async def test_cut_off_mid_body_is_connection_lost() -> None:
-    got, resp, done = await feed_in_pieces(CHUNKED[:60], [30])
+    got, resp, done = await feed_in_pieces(CHUNKED[:110], [30, 95])
     resp.eof()
     with pytest.raises(ConnectionLost):
         done.result()
