@@ -42,7 +42,7 @@ COLUMN_TYPES: dict[str, pa.DataType] = {
     "level_index": _I, "mode": _S, "concurrency": _I, "request_rate_per_s": _F, "repeat": _I, "spec_source": _S,
     "spec_acceptance_rate": _F, "spec_accept_length": _F, "errors": _S, "output_tokens_source": _S,
     "client_loop_lag_p99_ms": _F, "client_loop_lag_max_ms": _F, "client_cpu_s": _F, "client_cpu_share": _F,
-    "client_workers": _I, "client_bottleneck": _B, "input_tokens_exact": _B,
+    "client_workers": _I, "client_connections": _I, "client_bottleneck": _B, "input_tokens_exact": _B,
     # requests
     "index": _I, "scheduled_s": _F, "sent_s": _F, "first_token_s": _F, "last_token_s": _F, "end_s": _F,
     "prompt_tokens": _I, "prompt_tokens_exact": _B, "output_tokens": _I, "chunk_times_s": pa.list_(_F),

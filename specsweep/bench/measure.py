@@ -95,6 +95,7 @@ def level_row(run: LevelRun, *, config_name: str, level_index: int, tokens_befor
         "client_loop_lag_p99_ms": run.loop_lag_p99_ms,
         "client_loop_lag_max_ms": run.loop_lag_max_ms,
         "client_workers": run.workers,
+        "client_connections": run.connections_opened,
         "client_bottleneck": run.client_bottleneck,
     }
 

@@ -50,6 +50,7 @@ class LevelRun:
     workers: int = 1
     spec_before: dict[str, float] = field(default_factory=dict)
     spec_after: dict[str, float] = field(default_factory=dict)
+    connections_opened: int = 0
 
     @property
     def client_cpu_share(self) -> float:
@@ -58,6 +59,33 @@ class LevelRun:
     @property
     def client_bottleneck(self) -> bool:
         return self.client_cpu_share >= CPU_BOTTLENECK or (self.loop_lag_p99_ms or 0.0) >= LAG_BOTTLENECK_MS
+
+
+FD_MARGIN = 64
+
+
+def ensure_fd_limit(connections: int) -> int:
+    """Make sure this process may open ``connections`` sockets (plus a margin); return the limit.
+
+    Raises the soft limit up to the hard one when needed; beyond that, a clear error before
+    the level starts rather than failed connections in the middle of it.
+    """
+    import resource
+
+    from specsweep.errors import ConfigError
+
+    need = connections + FD_MARGIN
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        new = need if hard == resource.RLIM_INFINITY else min(hard, need)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        soft = new
+    if soft != resource.RLIM_INFINITY and soft < need:
+        raise ConfigError(
+            f"concurrency {connections} needs about {need} open files, but this process may open only {soft} "
+            f"(hard limit {hard}): raise it (ulimit -n {need}) or spread the level over several client workers"
+        )
+    return soft
 
 
 def make_pool(base_url: str, max_connections: int) -> Pool:
@@ -179,6 +207,7 @@ async def run_level_in_process(
     conc = int(value) if mode == "concurrency" else (sweep.max_concurrency or max(1, min(1024, count)))
     url = base_url.rstrip("/") + PATHS[opts.endpoint]
     headers = auth_headers(opts)
+    ensure_fd_limit(conc)
     pool = make_pool(base_url, max(conc, 1))
     raws = [pool.request_bytes(PATHS[opts.endpoint], orjson.dumps(request_body(opts, p, output_len, model)), headers)
             for p in prompts]
@@ -218,7 +247,8 @@ async def run_level_in_process(
         pool.close()
         spec_after = await read_spec_counters(client, base_url, headers)
     p99, worst = lag.stats_ms()
-    return LevelRun(mode, value, repeat, records, started_at, cpu, wall, p99, worst, 1, spec_before, spec_after)
+    return LevelRun(mode, value, repeat, records, started_at, cpu, wall, p99, worst, 1, spec_before, spec_after,
+                    connections_opened=pool.opened)
 
 
 def run_async(coro: Any) -> Any:
@@ -235,7 +265,7 @@ def _worker_entry(kwargs: dict[str, Any]) -> dict[str, Any]:
     run = run_async(run_level_in_process(**kwargs))
     return {"records": [r.as_row() for r in run.records], "cpu": run.client_cpu_s, "wall": run.client_wall_s,
             "lag_p99": run.loop_lag_p99_ms, "lag_max": run.loop_lag_max_ms, "started_at": run.started_at,
-            "spec_before": run.spec_before, "spec_after": run.spec_after}
+            "spec_before": run.spec_before, "spec_after": run.spec_after, "connections": run.connections_opened}
 
 
 async def run_level(
@@ -286,6 +316,7 @@ async def run_level(
         loop_lag_p99_ms=max(lags) if lags else None,
         loop_lag_max_ms=max((r["lag_max"] for r in results if r["lag_max"] is not None), default=None),
         workers=workers, spec_before=results[0]["spec_before"], spec_after=results[0]["spec_after"],
+        connections_opened=sum(r["connections"] for r in results),
     )
 
 

@@ -217,3 +217,34 @@ def test_files_with_empty_and_set_columns_read_back_together(store: ResultsStore
     levels = pd.read_parquet(store.root / "levels")
     assert sorted(levels["spec_accept_length"].fillna(0)) == [0, 2.5]
     assert len(pd.read_parquet(store.root / "runs")) == 2
+
+
+async def test_concurrency_512_stays_within_its_connections_and_records_everything(store: ResultsStore) -> None:
+    import resource
+
+    with running_sim("--sim-profile", "instant", "--max-running-requests", "1024") as (url, _):
+        target = BenchTarget(base_url=url)
+        row = await measure_level(target, WorkloadConfig(input_len=4, output_len=8),
+                                  SweepConfig(num_requests=1024, warmup_requests=8), store=store, run_id="big",
+                                  config_name="big", level_index=0, mode="concurrency", value=512)
+    assert row["requests"] == 1024 and row["completed"] == 1024, row["errors"]
+    assert 0 < row["client_connections"] <= 512  # never more connections than the level allows
+    assert len(store.requests(["big"])) == 1024
+    assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= 512 + 64
+
+
+def test_file_descriptor_limit_is_checked_before_the_level() -> None:
+    import resource
+
+    from specsweep.bench.runner import ensure_fd_limit
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        pytest.skip("no hard limit on open files here")
+    with pytest.raises(ConfigError, match=f"concurrency {hard} needs about {hard + 64} open files"):
+        ensure_fd_limit(hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))  # a low soft limit is raised as needed
+        assert ensure_fd_limit(1000) >= 1064
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
