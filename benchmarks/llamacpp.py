@@ -31,6 +31,7 @@ async def main() -> None:
     ap.add_argument("--requests", type=int, default=16)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--input-len", type=int, default=16, help="prompt tokens (prefill is slow on this CPU)")
     args = ap.parse_args()
     host = LocalHost()
     store = ResultsStore(ROOT / "data" / "results")
@@ -42,7 +43,7 @@ async def main() -> None:
             ready = await wait_for_health(host, profile, handle)
             sweep = SweepConfig(concurrency=[1, 8], num_requests=args.requests, warmup_requests=2, repeats=args.repeats)
             rows = await run_sweep(BenchTarget(base_url=f"http://127.0.0.1:{profile.port}"),
-                                   WorkloadConfig(input_len=64, output_len=args.output_len), sweep, store=store,
+                                   WorkloadConfig(input_len=args.input_len, output_len=args.output_len), sweep, store=store,
                                    run_id=new_run_id(profile.name), config_name=profile.name)
         finally:
             kill_server(host, profile, handle)
@@ -53,7 +54,8 @@ async def main() -> None:
     for name, c, tps, ttft, itl, acc, ready_s in table:
         acc_s = f"{acc:.0%}" if acc is not None else "-"
         print(f"{name:<22} {c:>3} {tps:>13.1f} {ttft:>12.1f} {itl:>11.2f} {acc_s:>11} {ready_s:>8.2f}")
-    print(f"(median of {args.repeats} repeats of {args.requests} requests, {args.output_len}-token outputs, 64-token prompts)")
+    print(f"(median of {args.repeats} repeats of {args.requests} requests, {args.output_len}-token outputs, "
+          f"{args.input_len}-token prompts)")
 
 
 if __name__ == "__main__":
