@@ -94,3 +94,34 @@ def test_draft_model_alone_does_not_speculate() -> None:
     assert only_md.speculative.types == [xllamacpp.common_speculative_type.COMMON_SPECULATIVE_TYPE_NONE]
     with_type = build_params(parse_args(["-m", "t", "-md", "d", "--spec-type", "draft-simple"]))
     assert with_type.speculative.types == [xllamacpp.common_speculative_type.COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE]
+
+
+def test_launcher_health_is_refused_then_loading_then_ok(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """As llama-server: connection refused, then 503 "Loading model", then 200 {"status":"ok"}; SIGTERM exits 0."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    profile = baseline_profile(port=free_port(), parallel=1, ctx=512)
+    proc = subprocess.Popen(profile.launch_argv(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    seen: list[object] = []
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                r = httpx.get(f"http://127.0.0.1:{profile.port}/health", timeout=2)
+                seen.append(r.status_code)
+                if r.status_code == 503:
+                    assert "Loading model" in r.text
+                if r.status_code == 200:
+                    assert r.json() == {"status": "ok"}
+                    break
+            except httpx.ConnectError:
+                seen.append("refused")
+            time.sleep(0.002)
+        states = [s for i, s in enumerate(seen) if i == 0 or seen[i - 1] != s]
+        assert states[0] == "refused" and states[-1] == 200 and set(states) <= {"refused", 503, 200}, states
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0

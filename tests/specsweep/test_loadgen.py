@@ -248,3 +248,12 @@ def test_file_descriptor_limit_is_checked_before_the_level() -> None:
         assert ensure_fd_limit(1000) >= 1064
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+async def test_duration_instead_of_a_request_count(store: ResultsStore) -> None:
+    with running_sim("--sim-profile", "tiny-fast") as (url, _):
+        row = await measure_level(BenchTarget(base_url=url), WorkloadConfig(output_len=16),
+                                  SweepConfig(duration_s=1.0, warmup_requests=1), store=store, run_id="d",
+                                  config_name="d", level_index=0, mode="concurrency", value=2)
+    # ~400 tok/s per stream at 16 tokens: about 25 requests a second per stream; the last finish after 1 s.
+    assert row["completed"] > 10 and 1.0 <= row["duration_s"] < 1.6
