@@ -5,11 +5,14 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/bootstrap.sh
 PORT=${PREFECT_PORT:-4200}
+export PREFECT_SERVER_ANALYTICS_ENABLED=false
 export PREFECT_API_URL="http://127.0.0.1:${PORT}/api"
 mkdir -p data
 if [ "${1:-}" = "stop" ]; then
   pkill -f "prefect worker start --pool specsweep" || true
   pkill -f "prefect server start --host 127.0.0.1 --port ${PORT}" || true
+  sleep 3
+  pkill -9 -f "prefect worker start --pool specsweep" || true  # a worker that lost its server may not exit
   exit 0
 fi
 if ! curl -fs "${PREFECT_API_URL}/health" >/dev/null 2>&1; then

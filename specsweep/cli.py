@@ -517,6 +517,10 @@ def compare_cmd(
 
 
 def main() -> None:
+    import os
+
+    # A temporary local Prefect server has no network to report usage to: do not try.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     app()
 
 
