@@ -143,3 +143,43 @@ async def test_cancelled_run_leaves_no_server(tmp_path: Path) -> None:
                 break
             await asyncio.sleep(0.25)
     assert pids_with_marker(port) == []
+
+
+async def test_flow_process_killed_outright_the_crash_hook_kills_the_server(tmp_path: Path) -> None:
+    """SIGKILL of the flow process: no finally runs; the runner's on_crashed hook stops the server."""
+    import os
+    import signal
+
+    port = free_port()
+    base, _ = sim_profiles(port)
+    params = {
+        "profile": base.model_dump(mode="json"),
+        "sweep": {"concurrency": [1], "num_requests": 100000, "warmup_requests": 1},
+        "workload": {"input_len": 8, "output_len": 64},
+        "results_dir": str(tmp_path / "results"),
+    }
+    with serving("flows.benchmark_config", "benchmark_config", "crash-test") as runner:
+        await wait_for_deployment("benchmark-config/crash-test")
+        run = await run_deployment("benchmark-config/crash-test", parameters=params, timeout=0)
+        await wait_for_state(run.id, {"Running"})
+        for _ in range(240):
+            if pids_with_marker(port) and (tmp_path / "results" / "runs").exists():
+                break
+            await asyncio.sleep(0.25)
+        server_pids = pids_with_marker(port)
+        assert server_pids
+        # The flow run's process: the runner's child that is not the server.
+        children = [int(p) for p in os.popen(f"ps -o pid= --ppid {runner.pid}").read().split()]
+        flow_procs = [p for p in children if p not in server_pids]
+        assert flow_procs
+        for p in flow_procs:
+            os.kill(p, signal.SIGKILL)
+        crashed = await wait_for_state(run.id, {"Crashed", "Failed", "Cancelled"}, timeout=90)
+        assert crashed.state.name == "Crashed", crashed.state
+        for _ in range(120):
+            if not pids_with_marker(port):
+                break
+            await asyncio.sleep(0.25)
+    assert pids_with_marker(port) == []
+    runner_log = (Path(__file__).resolve().parents[2] / "data" / ".runner-crash-test.log").read_text()
+    assert "(Crashed): killed 1 process(es)" in runner_log  # the hook, in the runner process, did it
