@@ -126,6 +126,13 @@ async def run_configuration(
                                 host=host.label, flow_run_id=flow_run_id)
     levels = sweep.levels()
     total = len(levels) * sweep.repeats
+    done_before = _finished_earlier(store, run_id)
+    if done_before is not None:
+        # A retry of this flow run: this configuration finished in an earlier try. Its
+        # results are kept, and its server is not started again for nothing.
+        logger.info("%s finished in an earlier try of this flow run (run id %s): keeping its %d level(s)",
+                    profile.name, run_id, len(done_before.levels))
+        return done_before
     logger.info("%s: %d level(s) × %d repeat(s) on %s; run id %s", profile.name, len(levels), sweep.repeats, host.label, run_id)
     await kill(host, profile)
     handle = None
@@ -173,6 +180,19 @@ async def run_configuration(
                                         error=error, **meta))
     await publish_configuration(profile.name, run_id, rows, results_dir)
     return ConfigurationResult(config_name=profile.name, run_id=run_id, levels=rows, time_to_ready_s=ready_s)
+
+
+def _finished_earlier(store: ResultsStore, run_id: str) -> ConfigurationResult | None:
+    try:
+        run = store.run(run_id)
+    except Exception:  # noqa: BLE001 - not in the store: not finished
+        return None
+    if run.get("status") != "completed":
+        return None
+    rows = store.levels([run_id]).to_dict("records")
+    ready = run.get("time_to_ready_s")
+    return ConfigurationResult(config_name=str(run["config_name"]), run_id=run_id, levels=rows,
+                               time_to_ready_s=None if ready is None or ready != ready else float(ready))
 
 
 def _kill_directly(host: HostConfig, profile: ServerProfile) -> None:

@@ -183,3 +183,33 @@ async def test_flow_process_killed_outright_the_crash_hook_kills_the_server(tmp_
     assert pids_with_marker(port) == []
     runner_log = (Path(__file__).resolve().parents[2] / "data" / ".runner-crash-test.log").read_text()
     assert "(Crashed): killed 1 process(es)" in runner_log  # the hook, in the runner process, did it
+
+
+async def test_retry_after_the_speculative_server_fails_to_start_keeps_the_baseline(tmp_path: Path) -> None:
+    port = free_port()
+    once = tmp_path / "fault-fired"
+    base, spec = sim_profiles(port)
+    spec = spec.model_copy(update={"argv": [*spec.argv, "--fault-crash-on-start", "--fault-once-file", str(once)]})
+    results = tmp_path / "results"
+    params = {
+        "baseline": base.model_dump(mode="json"), "speculative": spec.model_dump(mode="json"),
+        "sweep": {"concurrency": [1, 4], "num_requests": 8, "warmup_requests": 1},
+        "workload": {"input_len": 8, "output_len": 16}, "results_dir": str(results),
+    }
+    with serving("flows.compare_speculation", "compare_speculation", "retry-spec"):
+        await wait_for_deployment("compare-speculation/retry-spec")
+        run = await run_deployment("compare-speculation/retry-spec", parameters=params, timeout=0)
+        failed = await wait_for_state(run.id, {"Failed", "Completed", "Crashed"})
+        assert failed.state.name == "Failed" and once.exists(), failed.state
+        baseline_files = {p: p.stat().st_mtime_ns for p in (results / "levels").glob("*sglang-baseline*/*.parquet")}
+        assert len(baseline_files) == 2
+        async with get_client() as client:
+            await client.set_flow_run_state(run.id, Scheduled(name="AwaitingRetry"), force=True)
+        done = await wait_for_state(run.id, {"Completed", "Failed", "Crashed"})
+        assert done.state.name == "Completed", done.state
+    assert {p: p.stat().st_mtime_ns for p in baseline_files} == baseline_files  # the baseline was not measured again
+    runs = ResultsStore(results).runs()
+    assert sorted(runs["status"]) == ["completed", "completed"]
+    log = (Path(__file__).resolve().parents[2] / "data" / ".runner-retry-spec.log").read_text()
+    assert "sglang-baseline finished in an earlier try of this flow run" in log
+    assert pids_with_marker(port) == []
