@@ -409,8 +409,8 @@ def print_comparison(comp: Any) -> None:
 @app.command("demo")
 def demo(
     levels: Annotated[str, typer.Option(help="Concurrency levels, comma-separated.")] = "1,2,4,8",
-    num_prompts: Annotated[int, typer.Option(help="Measured requests per level.")] = 12,
-    output_len: Annotated[int, typer.Option(help="Tokens per request.")] = 96,
+    num_prompts: Annotated[int, typer.Option(help="Measured requests per level.")] = 8,
+    output_len: Annotated[int, typer.Option(help="Tokens per request.")] = 64,
     repeats: Annotated[int, typer.Option(help="Repeats per level (for the noise estimate).")] = 2,
     results: ResultsOpt = Path("data/results"),
 ) -> None:

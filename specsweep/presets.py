@@ -121,6 +121,3 @@ def by_name(name: str, *, model_path: str | None = None, draft_model_path: str |
         "llamacpp-baseline or llamacpp-speculative"
     )
 
-
-def python_executable() -> str:
-    return sys.executable

@@ -15,7 +15,6 @@ from specsweep.compare import Comparison, check_fingerprints, compare_levels, co
 from specsweep.fingerprint import host_fingerprint, server_fingerprint
 from specsweep.hosts.config import HostConfig, build_host
 from specsweep.plots import comparison_plots, data_uri
-from specsweep.report import summary_markdown
 from specsweep.store import ResultsStore
 from tasks._common import run_logger
 
@@ -90,6 +89,3 @@ async def compare_configurations(
     logger.info("plots and report: %s", plot_dir.resolve())
     return comp
 
-
-def levels_markdown(rows: list[dict[str, Any]]) -> str:
-    return summary_markdown(rows)
