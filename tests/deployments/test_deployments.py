@@ -115,12 +115,13 @@ async def test_two_runs_on_one_host_do_not_overlap(deployed: dict[str, str], tmp
     async with get_client() as client:
         dep = await client.read_deployment_by_name("eagle3-benchmark/eagle3")
         for _ in range(2):  # different ports: only the host lock keeps them apart
+            # Long enough (~15 s each) that the second run is started while the first holds the host.
             params = {"sglang": sim_settings(free_port()), "results_dir": str(results),
-                      "sweep": {"concurrency": [1, 4], "num_requests": 16, "warmup_requests": 1},
-                      "workload": {"input_len": 8, "output_len": 32}}
+                      "sweep": {"concurrency": [1, 4], "num_requests": 48, "warmup_requests": 1},
+                      "workload": {"input_len": 8, "output_len": 64}}
             runs.append(await client.create_flow_run_from_deployment(dep.id, parameters=params))
     for run in runs:
-        done = await wait_done(run.id)
+        done = await wait_done(run.id, timeout=480)
         assert done.state.is_completed(), done.state  # type: ignore[attr-defined]
     table = ResultsStore(results).runs().sort_values("started_at")
     assert len(table) == 2
