@@ -41,6 +41,9 @@ from tasks.results import artifact_key, fingerprint_environment, publish_configu
 from tasks.server import kill_server, start_server, wait_for_health
 
 
+LOCK_LEASE_S = 60.0
+
+
 def lock_name(host: HostConfig) -> str:
     label = socket.gethostname() if host.kind == "local" else host.label
     return "specsweep-host-" + re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
@@ -65,7 +68,9 @@ async def host_lock(host: HostConfig) -> AsyncIterator[None]:
         logger.info("waiting for host %s: another benchmark is running on it (global concurrency limit %r)",
                     host.label, name)
     t0 = time.monotonic()
-    async with concurrency(name, occupy=1, strict=True):
+    # The slot is a lease renewed while the run lives: a run killed outright (no chance to
+    # release it) blocks the host only until its lease runs out.
+    async with concurrency(name, occupy=1, strict=True, lease_duration=LOCK_LEASE_S):
         logger.info("holding host %s (waited %.1f s); other runs on it wait until this one ends", host.label,
                     time.monotonic() - t0)
         yield

@@ -143,6 +143,7 @@ async def test_cancelled_run_leaves_no_server(tmp_path: Path) -> None:
                 break
             await asyncio.sleep(0.25)
     assert pids_with_marker(port) == []
+    await release_host_lock()
 
 
 async def test_flow_process_killed_outright_the_crash_hook_kills_the_server(tmp_path: Path) -> None:
@@ -183,6 +184,20 @@ async def test_flow_process_killed_outright_the_crash_hook_kills_the_server(tmp_
     assert pids_with_marker(port) == []
     runner_log = (Path(__file__).resolve().parents[2] / "data" / ".runner-crash-test.log").read_text()
     assert "(Crashed): killed 1 process(es)" in runner_log  # the hook, in the runner process, did it
+    await release_host_lock()
+
+
+async def release_host_lock() -> None:
+    """A flow process killed outright cannot give its host slot back, and the test server does
+    not expire leases: drop the limit so later tests start with a free host (it is recreated)."""
+    from flows.pipeline import lock_name
+    from specsweep.hosts.config import HostConfig
+
+    async with get_client() as client:
+        try:
+            await client.delete_global_concurrency_limit_by_name(lock_name(HostConfig()))
+        except Exception:  # noqa: BLE001 - already gone
+            pass
 
 
 async def test_retry_after_the_speculative_server_fails_to_start_keeps_the_baseline(tmp_path: Path) -> None:
