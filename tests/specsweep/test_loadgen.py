@@ -95,11 +95,14 @@ async def test_timeout_is_a_row(store: ResultsStore) -> None:
 async def test_stop_at_saturation(store: ResultsStore) -> None:
     with running_sim("--sim-profile", "tiny-fast", "--max-running-requests", "4") as (url, _):
         target = BenchTarget(base_url=url)
-        sweep = SweepConfig(concurrency=[1, 4, 8, 16, 32, 64], num_requests=24, warmup_requests=0, stop_at_saturation=True)
-        rows = await run_sweep(target, WorkloadConfig(output_len=24), sweep, store=store, run_id="s", config_name="s")
+        # As many requests as the highest level, so that every level really holds that many in flight
+        # (with fewer, two high levels would run the same load and latency could not keep growing).
+        sweep = SweepConfig(concurrency=[1, 4, 8, 16, 32, 64], num_requests=64, warmup_requests=0, stop_at_saturation=True)
+        rows = await run_sweep(target, WorkloadConfig(output_len=16), sweep, store=store, run_id="s", config_name="s")
     # The engine runs 4 at a time: throughput is flat from 4 or 8 on while latency climbs.
     levels = [r["concurrency"] for r in rows]
-    assert levels[:4] == [1, 4, 8, 16] and levels[-1] in (16, 32) and 64 not in levels
+    assert levels[:4] == [1, 4, 8, 16] and levels[-1] in (16, 32) and 64 not in levels, [
+        (r["concurrency"], round(r["output_tokens_per_s"]), round(r["e2e_ms_median"])) for r in rows]
 
 
 async def test_warmup_failure_is_loud(store: ResultsStore) -> None:
