@@ -64,16 +64,26 @@ async def host_lock(host: HostConfig) -> AsyncIterator[None]:
             except ObjectAlreadyExists:
                 pass
             limit = await client.read_global_concurrency_limit_by_name(name)
-    if limit.active_slots >= limit.limit:
+
+    async def announce_wait(after_s: float) -> None:
+        # Said at once when the host is seen busy, else as soon as taking the slot takes a
+        # while (two runs that start together both see it free; one of them then waits).
+        await asyncio.sleep(after_s)
         logger.info("waiting for host %s: another benchmark is running on it (global concurrency limit %r)",
                     host.label, name)
+
+    announcer = asyncio.create_task(announce_wait(0.0 if limit.active_slots >= limit.limit else 2.0))
     t0 = time.monotonic()
     # The slot is a lease renewed while the run lives: a run killed outright (no chance to
     # release it) blocks the host only until its lease runs out.
-    async with concurrency(name, occupy=1, strict=True, lease_duration=LOCK_LEASE_S):
-        logger.info("holding host %s (waited %.1f s); other runs on it wait until this one ends", host.label,
-                    time.monotonic() - t0)
-        yield
+    try:
+        async with concurrency(name, occupy=1, strict=True, lease_duration=LOCK_LEASE_S):
+            announcer.cancel()
+            logger.info("holding host %s (waited %.1f s); other runs on it wait until this one ends", host.label,
+                        time.monotonic() - t0)
+            yield
+    finally:
+        announcer.cancel()
 
 
 async def resolve_request(request: RequestOptions) -> RequestOptions:
@@ -176,13 +186,14 @@ async def run_configuration(
         status = "cancelled" if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt)) else "failed"
         raise
     finally:
-        try:
-            await kill(host, profile, handle)
-        except BaseException as kill_exc:  # noqa: BLE001 - the server must go even if Prefect cannot run a task now
-            logger.warning("kill_server task could not run (%s): killing directly", kill_exc)
-            await asyncio.to_thread(_kill_directly, host, profile)
+        not_killed = await _kill_at_the_end(kill, host, profile, handle)
+        if not_killed is not None:
+            status = "failed"
+            error = f"{error + '; ' if error else ''}the server may still be running: {not_killed}"
         store.write_run(run_id, run_row(status=status, fingerprint=fp, time_to_ready_s=ready_s, ended_at=now_iso(),
                                         error=error, **meta))
+    if not_killed is not None:
+        raise not_killed
     await publish_configuration(profile.name, run_id, rows, results_dir)
     return ConfigurationResult(config_name=profile.name, run_id=run_id, levels=rows, time_to_ready_s=ready_s)
 
@@ -203,6 +214,24 @@ def _finished_earlier(store: ResultsStore, run_id: str) -> ConfigurationResult |
 def _kill_directly(host: HostConfig, profile: ServerProfile) -> None:
     with build_host(host) as h:
         lifecycle.kill_server(h, profile)
+
+
+async def _kill_at_the_end(kill: Any, host: HostConfig, profile: ServerProfile, handle: Any) -> Exception | None:
+    """The final kill, however the run ends; the error when the server could not be reached."""
+    logger = get_run_logger()
+    try:
+        await kill(host, profile, handle)
+        return None
+    except BaseException as kill_exc:  # noqa: BLE001 - the server must go even if Prefect cannot run a task now
+        logger.warning("kill_server task could not run (%s): killing directly", kill_exc)
+    try:
+        await asyncio.to_thread(_kill_directly, host, profile)
+        return None
+    except Exception as exc:  # noqa: BLE001
+        logger.error("could not kill %s on %s (%s). It may still be running there: the next run on this host "
+                     "kills it before it starts, or run `specsweep server kill` with this profile.",
+                     profile.name, host.label, exc)
+        return exc
 
 
 def cleanup_hook(profiles_from: Callable[[dict[str, Any]], list[ServerProfile]]):  # type: ignore[no-untyped-def]

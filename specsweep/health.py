@@ -18,7 +18,7 @@ from collections.abc import Callable
 import httpx
 from pydantic import BaseModel, Field
 
-from specsweep.errors import HealthTimeoutError, ServerCrashedError
+from specsweep.errors import HealthTimeoutError, HostError, ServerCrashedError
 from specsweep.hosts.base import Host
 from specsweep.lifecycle import Logger, ServerHandle
 from specsweep.profiles import ServerProfile
@@ -76,6 +76,26 @@ class _LogFollower:
         self.partial = b""
 
 
+async def _quietly(fn: Callable[[], None]) -> None:
+    """Forwarding log lines is a courtesy: a host that cannot be reached just now does not stop the wait."""
+    try:
+        await asyncio.to_thread(fn)
+    except HostError:
+        pass
+
+
+async def _host_check(host: Host, follower: _LogFollower, handle: ServerHandle, log: Logger) -> bool | None:
+    """Forward new log lines and tell whether the server process lives; None when the host
+    cannot be asked just now (the health endpoint is polled on regardless)."""
+    try:
+        await asyncio.to_thread(follower.poll)
+        return await asyncio.to_thread(host.pid_alive, handle.pid)
+    except HostError as exc:
+        log.warning("cannot check the server process on %s just now (%s); polling its health endpoint on",
+                    host.label, exc)
+        return None
+
+
 async def _probe(client: httpx.AsyncClient, base: str, profile: ServerProfile, headers: dict[str, str]) -> str | None:
     """One tiny generation; None when it worked, else why not."""
     body = {"prompt": "Hello", "max_tokens": 1, "temperature": 0}
@@ -117,7 +137,10 @@ async def wait_for_health(
     last = "no attempt yet"
 
     async def log_tail() -> str:
-        tail = await asyncio.to_thread(host.tail, handle.log_path, LOG_TAIL_LINES)
+        try:
+            tail = await asyncio.to_thread(host.tail, handle.log_path, LOG_TAIL_LINES)
+        except HostError as exc:
+            return f"(cannot read the log: {redact(str(exc))})"
         return redact(tail.rstrip()) or "(the log is empty)"
 
     log.info("waiting for %s to become ready at %s (timeout %.0f s)", profile.name, url, timeout_s)
@@ -126,9 +149,9 @@ async def wait_for_health(
         while True:
             now = time.monotonic()
             if now >= next_check:
-                await asyncio.to_thread(follower.poll)
-                if not await asyncio.to_thread(host.pid_alive, handle.pid):
-                    await asyncio.to_thread(follower.poll)
+                alive = await _host_check(host, follower, handle, log)
+                if alive is False:
+                    await _quietly(follower.poll)
                     follower.flush()
                     raise ServerCrashedError(
                         f"server {profile.name} (pid {handle.pid}) on {host.label} exited while starting, "
@@ -154,7 +177,7 @@ async def wait_for_health(
                             last = problem
                             status = None
                     if status == 200:
-                        await asyncio.to_thread(follower.poll)
+                        await _quietly(follower.poll)
                         follower.flush()
                         report = HealthReport(
                             url=url,
@@ -177,7 +200,7 @@ async def wait_for_health(
                 next_poll = time.monotonic() + interval
             now = time.monotonic()
             if now >= deadline:
-                await asyncio.to_thread(follower.poll)
+                await _quietly(follower.poll)
                 follower.flush()
                 raise HealthTimeoutError(
                     f"server {profile.name} on {host.label} was not ready after {timeout_s:.0f} s "

@@ -17,6 +17,8 @@ to the final ``usage`` when that differs, so that ITL under speculation is per t
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 import time
 from typing import Any
 
@@ -171,6 +173,14 @@ class _Parser:
             rec.output_tokens_source = "chunks"
 
 
+def _os_error(exc: OSError) -> tuple[str, str]:
+    """A plain OSError is named by its errno (EHOSTUNREACH: "No route to host"), not just "OSError"."""
+    name = type(exc).__name__
+    if type(exc) is OSError and exc.errno in errno.errorcode:
+        return errno.errorcode[exc.errno], f"{os.strerror(exc.errno)}: {exc}"
+    return name, str(exc) or name
+
+
 async def stream_request(pool: Pool, raw: bytes, rec: RequestRecord, endpoint: str, timeout_s: float) -> RequestRecord:
     """Send one streamed request (``raw``: the whole HTTP request, prepared) and fill ``rec``.
 
@@ -202,7 +212,7 @@ async def stream_request(pool: Pool, raw: bytes, rec: RequestRecord, endpoint: s
         rec.error_type = "CutOff" if rec.chunk_times_s else "ConnectionLost"
         rec.error_message = str(exc)
     except OSError as exc:
-        rec.error_type, rec.error_message = type(exc).__name__, str(exc) or type(exc).__name__
+        rec.error_type, rec.error_message = _os_error(exc)
     except asyncio.CancelledError:
         rec.error_type, rec.error_message = "Cancelled", "the level was cancelled"
         rec.end_s = _perf()

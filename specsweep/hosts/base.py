@@ -90,9 +90,13 @@ class Host(ABC):
 
     @abstractmethod
     def run(
-        self, argv: Sequence[str], *, timeout: float | None = 60.0, check: bool = False
+        self, argv: Sequence[str], *, timeout: float | None = 60.0, check: bool = False, retry: bool = True
     ) -> CommandResult:
-        """Run one command and wait for it. Output is drained before the exit code is read."""
+        """Run one command and wait for it. Output is drained before the exit code is read.
+
+        ``retry``: the command may run twice (it is idempotent), so a host reached over a
+        network runs it again once if the connection drops under it.
+        """
 
     def close(self) -> None:  # noqa: B027 - hosts without connections have nothing to close
         pass
@@ -137,7 +141,8 @@ class Host(ABC):
             raise ServerStartError("nothing to start: the launch argv is empty")
         env_argv = ["env", "--", *_Env(dict(env or {})).argv()] if env else []
         script = ["sh", "-c", _START_SCRIPT, "sh", log_path, cwd or "", *env_argv, *argv]
-        result = self.run(script, timeout=60.0)
+        # Never run twice: a start whose answer was lost may have started a server already.
+        result = self.run(script, timeout=60.0, retry=False)
         if result.exit_code == 97:
             raise ServerStartError(
                 f"cannot write the server log {log_path!r} on {self.label}: {result.stderr.strip()}. "

@@ -14,7 +14,7 @@ class LocalHost(Host):
     label = "local"
 
     def run(
-        self, argv: Sequence[str], *, timeout: float | None = 60.0, check: bool = False
+        self, argv: Sequence[str], *, timeout: float | None = 60.0, check: bool = False, retry: bool = True
     ) -> CommandResult:
         argv = tuple(str(a) for a in argv)
         start = time.perf_counter()

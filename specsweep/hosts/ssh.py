@@ -26,6 +26,10 @@ from specsweep.hosts.config import SSHEndpoint
 _log = logging.getLogger(__name__)
 
 
+class _Dropped(Exception):
+    """The connection went away under a running command."""
+
+
 def _fingerprint(key: paramiko.PKey) -> str:
     return key.fingerprint  # "SHA256:..." as ssh-keygen prints it
 
@@ -209,16 +213,37 @@ class SSHHost(Host):
                 raise HostError(f"SSH connection to {self.label} is down and did not come back: {exc}") from None
 
     def run(
-        self, argv: Sequence[str], *, timeout: float | None = 60.0, check: bool = False
+        self, argv: Sequence[str], *, timeout: float | None = 60.0, check: bool = False, retry: bool = True
     ) -> CommandResult:
         argv = tuple(str(a) for a in argv)
-        command = shlex.join(argv)
-        start = time.perf_counter()
         deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            result = self._run_once(argv, deadline, timeout)
+        except _Dropped as exc:
+            if not retry:
+                raise HostError(f"SSH connection to {self.label} dropped while running {argv[0]}: {exc}. "
+                                "It was not run again (it must not run twice).") from None
+            self.logger.warning("SSH connection to %s dropped while running %s (%s); running it again",
+                                self.label, argv[0], exc)
+            try:
+                result = self._run_once(argv, deadline, timeout, reconnect=True)
+            except _Dropped as again:
+                raise HostError(f"SSH connection to {self.label} dropped twice while running {argv[0]}: {again}") from None
+        return self._raise_for(result) if check else result
+
+    def _run_once(
+        self, argv: tuple[str, ...], deadline: float | None, timeout: float | None, *, reconnect: bool = False
+    ) -> CommandResult:
+        start = time.perf_counter()
+        if reconnect:
+            try:
+                self._transport(reconnect=True)
+            except (paramiko.SSHException, OSError, EOFError) as exc:
+                raise HostError(f"SSH connection to {self.label} is down and did not come back: {exc}") from None
         chan = self._open_session()
         out, err = bytearray(), bytearray()
         try:
-            chan.exec_command(command)
+            chan.exec_command(shlex.join(argv))
             chan.shutdown_write()
             chan.settimeout(0.05)
 
@@ -227,7 +252,7 @@ class SSHHost(Host):
                     raise HostError(f"{argv[0]} did not finish within {timeout} s on {self.label}")
                 transport = chan.get_transport()
                 if transport is None or not transport.is_active():
-                    raise HostError(f"SSH connection to {self.label} dropped while running {argv[0]}")
+                    raise _Dropped("the transport closed")
 
             while True:
                 try:
@@ -244,9 +269,11 @@ class SSHHost(Host):
             while chan.recv_stderr_ready():
                 err += chan.recv_stderr(65536)
             code = chan.recv_exit_status()
+            transport = chan.get_transport()
+            if code == -1 and (transport is None or not transport.is_active()):
+                raise _Dropped("the connection closed before the exit status came back")
         except (paramiko.SSHException, OSError, EOFError) as exc:
-            raise HostError(f"SSH command {argv[0]} on {self.label} failed: {type(exc).__name__}: {exc}") from None
+            raise _Dropped(f"{type(exc).__name__}: {exc}") from None
         finally:
             chan.close()
-        result = CommandResult(argv, code, bytes(out), bytes(err), time.perf_counter() - start)
-        return self._raise_for(result) if check else result
+        return CommandResult(argv, code, bytes(out), bytes(err), time.perf_counter() - start)

@@ -52,7 +52,9 @@ class SSHServer:
 
 
 def start_sshd(workdir: Path, authorized_keys: list[str], *, address: str = "127.0.0.1",
-               allow_forwarding: bool = True, log_level: str = "VERBOSE") -> SSHServer:
+               allow_forwarding: bool = True, log_level: str = "VERBOSE", netns: str | None = None,
+               port: int | None = None, extra_config: str = "") -> SSHServer:
+    """``netns``: run sshd inside that network namespace (``address`` then is the namespace's own)."""
     if not os.path.exists(SSHD):
         raise RuntimeError("sshd is not installed: the test command installs openssh-server (scripts/bootstrap.sh)")
     workdir.mkdir(parents=True, exist_ok=True)
@@ -60,7 +62,7 @@ def start_sshd(workdir: Path, authorized_keys: list[str], *, address: str = "127
     host_key = workdir / "host_key"
     host_pub = keygen(host_key)
     (workdir / "authorized_keys").write_text("\n".join(authorized_keys) + "\n")
-    port = free_port(address)
+    port = port or free_port(address)
     config = workdir / "sshd_config"
     config.write_text(
         f"""Port {port}
@@ -81,9 +83,10 @@ PrintMotd no
 MaxSessions 100
 MaxStartups 100
 LogLevel {log_level}
-"""
+{extra_config}"""
     )
-    proc = subprocess.Popen([SSHD, "-D", "-f", str(config), "-E", str(workdir / "sshd.log")])
+    wrap = ["ip", "netns", "exec", netns] if netns else []
+    proc = subprocess.Popen([*wrap, SSHD, "-D", "-f", str(config), "-E", str(workdir / "sshd.log")])
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         try:

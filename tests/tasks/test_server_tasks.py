@@ -4,34 +4,15 @@ from __future__ import annotations
 
 import pytest
 from prefect import flow
-from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 from prefect.context import get_run_context
 
 from flows.server_lifecycle import server_lifecycle
 from specsweep.hosts.config import HostConfig
 from specsweep.stages import LifecycleOptions, StageOptions
 from tests.conftest import pids_alive, pids_with_marker
+from tests.helpers.logs import flow_logs
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
-
-
-async def flow_logs(flow_run_id: object, until: str = "Finished in state") -> list[str]:
-    """The run's logs as the UI shows them (written to the API in batches, so poll a little)."""
-    import asyncio
-
-    from prefect.logging.handlers import APILogHandler
-
-    messages: list[str] = []
-    for _ in range(40):
-        await APILogHandler.aflush()
-        async with get_client() as client:
-            logs = await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))  # type: ignore[list-item]
-        messages = [log.message for log in logs]
-        if any(until in m for m in messages):
-            break
-        await asyncio.sleep(0.25)
-    return messages
 
 
 async def test_lifecycle_flow_logs_progress_and_leaves_nothing(make_toy) -> None:  # type: ignore[no-untyped-def]

@@ -1,0 +1,214 @@
+"""The SSH link to the GPU host drops in the middle of a run.
+
+The remote host is a real separate network host: a network namespace with its own address,
+an OpenSSH server inside it, and the simulator started over SSH inside it. The link is
+pulled with ``ip link set down`` while the flow waits for health and while it measures a
+level. While it is down, the far side also forgets the SSH connections (its sshd sessions
+end, as after a ClientAlive timeout, an sshd restart or a lost NAT entry), so that when the
+link returns the old connection is answered with a reset and must be replaced.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from flows.benchmark_config import benchmark_config
+from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
+from specsweep.hosts.config import HostConfig, SSHEndpoint
+from specsweep.presets import sglang_baseline
+from specsweep.profiles import ServerProfile
+from specsweep.stages import LifecycleOptions, StageOptions
+from specsweep.store import ResultsStore
+from tests.conftest import pids_with_marker
+from tests.helpers.logs import flow_logs
+from tests.helpers.netns import NetnsHost
+from tests.helpers.sshd import SSHServer, start_sshd
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+SSH_PORT = 2222
+SERVER_PORT = 30000
+
+
+@dataclass
+class Remote:
+    net: NetnsHost
+    sshd: SSHServer
+    host: HostConfig
+
+    def cut(self) -> None:
+        """Pull the cable, and the far side forgets every SSH connection it had."""
+        self.net.cut()
+        children = subprocess.run(["pgrep", "-P", str(self.sshd.proc.pid)], capture_output=True, text=True).stdout
+        for pid in children.split():
+            os.kill(int(pid), signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def remote(tmp_path_factory: pytest.TempPathFactory, ssh_keys: tuple[Path, str]) -> Iterator[Remote]:
+    net = NetnsHost.create()
+    try:
+        d = tmp_path_factory.mktemp("netns-sshd")
+        sshd = start_sshd(d, [ssh_keys[1]], address=net.addr, port=SSH_PORT, netns=net.name)
+        known = d / "known_hosts"
+        known.write_text(sshd.known_hosts_line() + "\n")
+        host = HostConfig(kind="ssh", ssh=SSHEndpoint(
+            hostname=net.addr, port=SSH_PORT, user=sshd.user, key_path=ssh_keys[0], known_hosts=known,
+            use_agent=False, connect_timeout_s=3, keepalive_s=1))
+        yield Remote(net, sshd, host)
+        sshd.stop()
+    finally:
+        net.destroy()
+
+
+def sim_profile(tmp_path: Path, startup_s: float) -> ServerProfile:
+    profile = sglang_baseline("/models/kimi", host="0.0.0.0", port=SERVER_PORT, simulate=True,  # type: ignore[arg-type]
+                              sim_profile="tiny-fast", sim_startup_s=startup_s)
+    return profile.model_copy(update={"startup_timeout_s": 60.0, "health_poll_max_interval_s": 0.5,
+                                      "log_path": str(tmp_path / "server.log")})
+
+
+def in_background(fn) -> threading.Thread:  # type: ignore[no-untyped-def]
+    t = threading.Thread(target=fn, daemon=True)
+    t.start()
+    return t
+
+
+def wait_for(predicate, timeout: float = 60) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("the run never got to the point where the link is cut")
+        time.sleep(0.05)
+
+
+def server_processes(remote: Remote) -> list[int]:
+    """Processes in the remote host other than its sshd."""
+    return [p for p in pids_with_marker(SERVER_PORT) if p in remote.net.pids()]
+
+
+async def test_link_drop_while_waiting_for_health_reconnects_and_completes(remote: Remote, tmp_path: Path) -> None:
+    profile = sim_profile(tmp_path, startup_s=8)
+    log = Path(profile.log_path)
+    events: list[str] = []
+
+    def pull_the_cable() -> None:
+        wait_for(lambda: log.exists() and "Load weight begin" in log.read_text())
+        remote.cut()
+        events.append("cut")
+        time.sleep(5)  # longer than the remote sshd tolerates a silent client
+        remote.net.restore()
+        events.append("restored")
+
+    cutter = in_background(pull_the_cable)
+    state = await benchmark_config(
+        profile, host=remote.host, workload=WorkloadConfig(input_len=16, output_len=16),
+        sweep=SweepConfig(concurrency=[1, 4], num_requests=8, warmup_requests=1),
+        results_dir=str(tmp_path / "results"), return_state=True,
+    )
+    cutter.join(30)
+    assert events == ["cut", "restored"]
+    assert state.is_completed(), state.message
+    levels = pd.read_parquet(tmp_path / "results" / "levels")
+    assert sorted(levels["concurrency"]) == [1, 4] and set(levels["completed"]) == {8}
+    logs = await flow_logs(state.state_details.flow_run_id)
+    # The wait could not ask the host for a while, said so, and went on over a new connection.
+    assert any(("dropped" in m or "cannot check the server process" in m) and remote.net.addr in m for m in logs), logs
+    assert any("is ready after" in m for m in logs)
+    assert server_processes(remote) == []
+
+
+async def test_link_drop_during_a_level_keeps_the_levels_and_still_kills_the_server(remote: Remote, tmp_path: Path) -> None:
+    profile = sim_profile(tmp_path, startup_s=0.3)
+    results = tmp_path / "results"
+    events: list[str] = []
+
+    def pull_the_cable() -> None:
+        # Once the first level is stored, the second one is under way: pull the cable in it.
+        wait_for(lambda: (results / "levels").exists() and len(list((results / "levels").rglob("*.parquet"))) >= 1)
+        time.sleep(0.5)
+        remote.cut()
+        events.append("cut")
+        time.sleep(6)
+        remote.net.restore()
+        events.append("restored")
+
+    cutter = in_background(pull_the_cable)
+    state = await benchmark_config(
+        profile, host=remote.host, workload=WorkloadConfig(input_len=16, output_len=400),  # ~1 s per request
+        # No warm-up: the cut falls in the measured requests of the second level.
+        sweep=SweepConfig(concurrency=[1, 2, 4], num_requests=8, warmup_requests=0),
+        request=RequestOptions(timeout_s=3),
+        results_dir=str(results), return_state=True,
+    )
+    cutter.join(30)
+    assert events == ["cut", "restored"]
+    assert state.is_completed(), state.message
+    levels = pd.read_parquet(results / "levels").sort_values("concurrency")
+    assert list(levels["concurrency"]) == [1, 2, 4]
+    first, cut, last = levels.to_dict("records")
+    assert first["completed"] == 8 and first["failed"] == 0  # measured before the cut, kept
+    # The requests the cut stranded are recorded as such (those in flight time out; new ones
+    # find no route to the host), and the sweep goes on.
+    assert cut["failed"] >= 1 and cut["completed"] + cut["failed"] == 8 and "Timeout" in cut["errors"]
+    assert last["completed"] == 8 and last["failed"] == 0  # measured after the link came back
+    store = ResultsStore(results)
+    requests = store.requests(list(store.runs()["run_id"]))
+    assert len(requests) == 24  # every request has its row, failed or not
+    logs = await flow_logs(state.state_details.flow_run_id)
+    assert any("request(s) failed (Timeout" in m for m in logs)
+    assert any("killed 1 process(es)" in m for m in logs)
+    assert server_processes(remote) == []
+
+
+async def test_link_down_for_good_fails_cleanly_and_the_next_run_removes_the_stray(remote: Remote, tmp_path: Path) -> None:
+    profile = sim_profile(tmp_path, startup_s=0.3)
+    results = tmp_path / "results"
+
+    def pull_the_cable() -> None:
+        wait_for(lambda: (results / "levels").exists() and len(list((results / "levels").rglob("*.parquet"))) >= 1)
+        remote.cut()
+
+    cutter = in_background(pull_the_cable)
+    t0 = time.monotonic()
+    try:
+        state = await benchmark_config(
+            profile, host=remote.host, workload=WorkloadConfig(input_len=16, output_len=64),
+            sweep=SweepConfig(concurrency=[1, 2, 4], num_requests=4, warmup_requests=1),
+            request=RequestOptions(timeout_s=3),
+            stages=LifecycleOptions(kill=StageOptions(retries=0, timeout_s=60)),
+            results_dir=str(results), return_state=True,
+        )
+        took = time.monotonic() - t0
+        cutter.join(30)
+        assert state.is_failed()
+        assert took < 120, f"a dead link should fail the run within bounded time, not after {took:.0f} s"
+        # What was measured before the cut is kept, and the run says how it ended.
+        levels = pd.read_parquet(results / "levels")
+        assert 1 in set(levels["concurrency"]) and int(levels.loc[levels["concurrency"] == 1, "completed"].iloc[0]) == 4
+        run = ResultsStore(results).runs().iloc[0]
+        assert run["status"] == "failed" and run["error"]
+        # The server could not be reached to be killed: it is still there, cut off.
+        assert server_processes(remote) != []
+    finally:
+        remote.net.restore()
+    # The next run on that host starts by killing leftovers: the stray goes.
+    again = await benchmark_config(
+        profile, host=remote.host, workload=WorkloadConfig(input_len=16, output_len=16),
+        sweep=SweepConfig(concurrency=[1], num_requests=2, warmup_requests=0),
+        results_dir=str(tmp_path / "results2"), return_state=True,
+    )
+    assert again.is_completed(), again.message
+    logs = await flow_logs(again.state_details.flow_run_id)
+    assert any("leftover" in m.lower() or "killed" in m.lower() for m in logs)
+    assert server_processes(remote) == []

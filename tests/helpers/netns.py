@@ -1,0 +1,80 @@
+"""A separate network host on this machine: a network namespace joined to ours by a veth pair.
+
+Processes started inside it (an sshd, and whatever that sshd starts) have their own
+address and reach us only over the veth link, so ``cut()`` is a real link failure: packets
+stop, TCP connections hang, new connections fail.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+
+
+@dataclass
+class NetnsHost:
+    name: str
+    host_if: str
+    ns_if: str
+    host_addr: str
+    addr: str
+
+    @classmethod
+    def create(cls) -> "NetnsHost":
+        tag = f"{os.getpid() % 10000}{random.randrange(100):02d}"
+        name, host_if, ns_if = f"ssw{tag}", f"sswh{tag}", f"sswn{tag}"
+        a, b = random.randrange(64, 250), random.randrange(0, 250)
+        host_addr, addr = f"10.{a}.{b}.1", f"10.{a}.{b}.2"
+        _ip("netns", "add", name)
+        try:
+            _ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if)
+            _ip("link", "set", ns_if, "netns", name)
+            _ip("addr", "add", f"{host_addr}/30", "dev", host_if)
+            _ip("link", "set", host_if, "up")
+            _ip("netns", "exec", name, "ip", "addr", "add", f"{addr}/30", "dev", ns_if)
+            _ip("netns", "exec", name, "ip", "link", "set", ns_if, "up")
+            _ip("netns", "exec", name, "ip", "link", "set", "lo", "up")
+        except subprocess.CalledProcessError as exc:
+            _ip("link", "del", host_if, check=False)
+            _ip("netns", "del", name, check=False)
+            raise RuntimeError(f"cannot build the test network host: {exc.stderr}") from None
+        return cls(name, host_if, ns_if, host_addr, addr)
+
+    def cut(self) -> None:
+        """Take the link down on the far side, as a pulled cable: our route stays (marked
+        linkdown), so packets vanish silently and connections hang until their timeouts.
+        (Taking our side down instead would send them out of the default route.)"""
+        self._ns_ip("link", "set", self.ns_if, "down")
+
+    def restore(self) -> None:
+        self._ns_ip("link", "set", self.ns_if, "up")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:  # wait for the carrier on our side
+            if "linkdown" not in _ip("route", "show", "dev", self.host_if).stdout:
+                return
+            time.sleep(0.05)
+
+    def _ns_ip(self, *args: str) -> None:
+        _ip("netns", "exec", self.name, "ip", *args)
+
+    def pids(self) -> list[int]:
+        """Every process running inside the namespace."""
+        out = _ip("netns", "pids", self.name, check=False).stdout
+        return [int(p) for p in out.split()]
+
+    def destroy(self) -> None:
+        for pid in self.pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _ip("link", "del", self.host_if, check=False)
+        _ip("netns", "del", self.name, check=False)
