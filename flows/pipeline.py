@@ -32,8 +32,11 @@ from pydantic import BaseModel, SecretStr
 from specsweep import lifecycle
 from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
 from specsweep.bench.measure import BenchTarget, merge_repeats, run_row, saturated
+from specsweep.errors import ServerCrashedError
+from specsweep.health import LOG_TAIL_LINES
 from specsweep.hosts.config import HostConfig, build_host
 from specsweep.profiles import ServerProfile
+from specsweep.report import level_label
 from specsweep.stages import LifecycleOptions
 from specsweep.store import ResultsStore, now_iso
 from tasks.benchmark import run_concurrency_benchmark
@@ -168,11 +171,18 @@ async def run_configuration(
         for index, (mode, value) in enumerate(levels):
             reps = []
             for repeat in range(sweep.repeats):
-                row = await bench(target, workload, sweep, results_dir, run_id, profile.name, index, mode, value, repeat, tokens)
+                try:
+                    row = await bench(target, workload, sweep, results_dir, run_id, profile.name, index, mode, value,
+                                      repeat, tokens)
+                except Exception:
+                    await _raise_if_server_died(host, profile, handle, "while a level was measured")
+                    raise
                 tokens += int(row["output_tokens_total"])
                 reps.append(row)
                 rows.append(row)
                 done += 1
+                if row["failed"]:
+                    await _raise_if_server_died(host, profile, handle, f"during level {level_label(row)}")
                 await aupdate_progress_artifact(progress, 100.0 * done / total,
                                                 description=f"{profile.name}: {done}/{total} levels done")
             merged.append(merge_repeats(reps))
@@ -209,6 +219,28 @@ def _finished_earlier(store: ResultsStore, run_id: str) -> ConfigurationResult |
     ready = run.get("time_to_ready_s")
     return ConfigurationResult(config_name=str(run["config_name"]), run_id=run_id, levels=rows,
                                time_to_ready_s=None if ready is None or ready != ready else float(ready))
+
+
+async def _raise_if_server_died(host: HostConfig, profile: ServerProfile, handle: lifecycle.ServerHandle | None,
+                                when: str) -> None:
+    """After failed requests: if the server process is gone, stop the sweep and say so, with its
+    log's last lines (rather than measuring nothing level after level)."""
+    if handle is None:
+        return
+
+    def check() -> str | None:
+        with build_host(host) as h:
+            if h.pid_alive(handle.pid):
+                return None
+            return profile.redactor()(h.tail(handle.log_path, LOG_TAIL_LINES).rstrip()) or "(the log is empty)"
+
+    try:
+        tail = await asyncio.to_thread(check)
+    except Exception:  # noqa: BLE001 - cannot tell: carry on as before
+        return
+    if tail is not None:
+        raise ServerCrashedError(f"server {profile.name} (pid {handle.pid}) on {host.label} exited {when}. "
+                                 f"The levels measured before are kept. Last lines of {handle.log_path}:\n{tail}")
 
 
 def _kill_directly(host: HostConfig, profile: ServerProfile) -> None:

@@ -48,7 +48,20 @@ class Faults:
     error_rate: float = 0.0
     cut_rate: float = 0.0
     malformed_rate: float = 0.0
-    stall_s: float = 0.0  # pause this long mid-stream, once per request (a trickling server)
+    stall_s: float = 0.0  # pause this long mid-stream, once per request
+    trickle_s: float = 0.0  # send streams one byte at a time, this far apart
+
+
+class _Trickle:
+    """A stream response that sends what it is given one byte at a time."""
+
+    def __init__(self, resp: web.StreamResponse, interval_s: float) -> None:
+        self.resp, self.interval_s = resp, interval_s
+
+    async def write(self, data: bytes) -> None:
+        for i in range(len(data)):
+            await self.resp.write(data[i:i + 1])
+            await asyncio.sleep(self.interval_s)
 
 
 @dataclass
@@ -136,6 +149,7 @@ class SimServer:
             crash_on_start=args.fault_crash_on_start, never_healthy=args.fault_never_healthy,
             die_after=args.fault_die_after, hang_after=args.fault_hang_after, error_rate=args.fault_error_rate,
             cut_rate=args.fault_cut_rate, malformed_rate=args.fault_malformed_rate, stall_s=args.fault_stall_s,
+            trickle_s=args.fault_trickle_s,
         )
         self.ready_at = 0.0
         self.requests_started = 0
@@ -289,14 +303,15 @@ class SimServer:
         stall_at = max_tokens // 2 if self.faults.stall_s else None
         produced = 0
         continuous = bool(opts.get("continuous_usage_stats"))
-        if self.profile.direct and not self.profile.token_interval_s and not (cut_at or malformed_at or stall_at):
+        out: web.StreamResponse | _Trickle = _Trickle(resp, self.faults.trickle_s) if self.faults.trickle_s else resp
+        if self.profile.direct and not self.profile.token_interval_s and not (cut_at or malformed_at or stall_at or self.faults.trickle_s):
             await self._instant_stream(resp, rid, obj, created, model, chat, prompt_tokens, max_tokens, continuous, times)
             if opts.get("include_usage"):
                 usage = {"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens,
                          "total_tokens": prompt_tokens + max_tokens}
-                await resp.write(b"data: " + orjson.dumps({"id": rid, "object": obj, "created": created, "model": model,
+                await out.write(b"data: " + orjson.dumps({"id": rid, "object": obj, "created": created, "model": model,
                                                            "choices": [], "usage": usage}) + b"\n\n")
-            await resp.write(b"data: [DONE]\n\n")
+            await out.write(b"data: [DONE]\n\n")
             self._finished_one()
             return resp
         async for k in self._tokens(max_tokens):
@@ -309,12 +324,12 @@ class SimServer:
             if continuous:
                 event["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": produced,
                                   "total_tokens": prompt_tokens + produced}
-            await resp.write(b"data: " + orjson.dumps(event) + b"\n\n")
+            await out.write(b"data: " + orjson.dumps(event) + b"\n\n")
             now = _perf()
             times.extend([now] * k)
             if malformed_at is not None and produced >= malformed_at:
                 malformed_at = None
-                await resp.write(b'data: {"id": "' + rid.encode() + b'", "choices": [\n\n')
+                await out.write(b'data: {"id": "' + rid.encode() + b'", "choices": [\n\n')
             if cut_at is not None and produced >= cut_at:
                 log.warning("fault: cutting request %s off after %d tokens", rid, produced)
                 request.transport.close() if request.transport else None  # type: ignore[func-returns-value]
@@ -324,9 +339,9 @@ class SimServer:
                 await asyncio.sleep(self.faults.stall_s)
         if opts.get("include_usage"):
             usage = {"prompt_tokens": prompt_tokens, "completion_tokens": produced, "total_tokens": prompt_tokens + produced}
-            await resp.write(b"data: " + orjson.dumps({"id": rid, "object": obj, "created": created, "model": model,
+            await out.write(b"data: " + orjson.dumps({"id": rid, "object": obj, "created": created, "model": model,
                                                        "choices": [], "usage": usage}) + b"\n\n")
-        await resp.write(b"data: [DONE]\n\n")
+        await out.write(b"data: [DONE]\n\n")
         self._finished_one()
         return resp
 
@@ -418,6 +433,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     ap.add_argument("--fault-cut-rate", type=float, default=0.0, help="fraction of streams cut off mid-way")
     ap.add_argument("--fault-malformed-rate", type=float, default=0.0, help="fraction of streams with a malformed SSE line")
     ap.add_argument("--fault-stall-s", type=float, default=0.0, help="pause every stream this long half-way")
+    ap.add_argument("--fault-trickle-s", type=float, default=0.0, metavar="S",
+                    help="send streams one byte at a time, S seconds apart: every read gets data quickly, "
+                         "the whole answer takes far longer than any request timeout")
     ap.add_argument("--fault-once-file", default=None, metavar="PATH",
                     help="apply the faults only while PATH does not exist; create it when one fires "
                          "(the next start runs clean: rehearse a retry)")

@@ -1,0 +1,115 @@
+"""Every way the server misbehaves, through the whole benchmark-config flow.
+
+The server is the simulator, a real process that misbehaves on purpose (its faults are
+product options). Each case ends with nothing lost (what was measured is in the store,
+failed requests are rows with their error, the run row says how it ended) and nothing
+left running.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from flows.benchmark_config import benchmark_config
+from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
+from specsweep.presets import sglang_baseline
+from specsweep.store import ResultsStore
+from tests.conftest import pids_with_marker
+from tests.helpers.logs import flow_logs
+from tests.helpers.sshd import free_port
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+@dataclass
+class Case:
+    flags: list[str]
+    completed: bool  # the flow run's end state
+    levels: dict[int, tuple[str, str]]  # concurrency -> ("clean" | "failures", error type expected among failures)
+    message: str = ""  # in the flow run's failure message
+    startup_timeout_s: float = 30.0
+    sweep: dict[str, object] = field(default_factory=dict)
+    timeout_s: float = 5.0
+
+
+CASES = {
+    "crash during startup": Case(["--fault-crash-on-start"], False, {}, "exited while starting"),
+    "never healthy": Case(["--fault-never-healthy"], False, {}, "was not ready after 3 s", startup_timeout_s=3),
+    # 1 warm-up + 4 at C=1, then 1 warm-up + 2 at C=2, then it dies.
+    "dies in the middle of a level": Case(["--fault-die-after", "8"], False,
+                                          {1: ("clean", ""), 2: ("failures", "")}, "exited during level C=2"),
+    "hangs while /health stays 200": Case(["--fault-hang-after", "3"], True,
+                                          {1: ("failures", "Timeout"), 2: ("failures", "Timeout")},
+                                          sweep={"warmup_requests": 0}, timeout_s=1.0),
+    "answers 500s": Case(["--fault-error-rate", "0.5", "--seed", "3"], True,
+                         {1: ("failures", "HTTPStatus"), 2: ("failures", "HTTPStatus")}, sweep={"warmup_requests": 0}),
+    "cuts streams": Case(["--fault-cut-rate", "0.5", "--seed", "3"], True,
+                         {1: ("failures", "CutOff"), 2: ("failures", "CutOff")}, sweep={"warmup_requests": 0}),
+    "malformed SSE": Case(["--fault-malformed-rate", "0.5", "--seed", "3"], True,
+                          {1: ("failures", "MalformedSSE"), 2: ("failures", "MalformedSSE")}, sweep={"warmup_requests": 0}),
+    # One byte every 20 ms: every read gets data at once, the answer would take ~10 s.
+    "trickles slower than the request timeout": Case(["--fault-trickle-s", "0.02"], True,
+                                                     {1: ("failures", "Timeout"), 2: ("failures", "Timeout")},
+                                                     sweep={"warmup_requests": 0, "num_requests": 2}, timeout_s=1.0),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+async def test_server_fault(name: str, tmp_path: Path) -> None:
+    case = CASES[name]
+    port = free_port()
+    profile = sglang_baseline("/models/kimi", host="127.0.0.1", port=port, simulate=True, sim_profile="tiny-fast",
+                              sim_startup_s=0.3, extra_args=case.flags)
+    profile = profile.model_copy(update={"startup_timeout_s": case.startup_timeout_s, "log_path": str(tmp_path / "server.log")})
+    results = tmp_path / "results"
+    sweep = {"concurrency": [1, 2], "num_requests": 4, "warmup_requests": 1, **case.sweep}
+    t0 = time.monotonic()
+    state = await benchmark_config(
+        profile, workload=WorkloadConfig(input_len=8, output_len=32), sweep=SweepConfig.model_validate(sweep),
+        request=RequestOptions(timeout_s=case.timeout_s), results_dir=str(results), return_state=True,
+    )
+    took = time.monotonic() - t0
+    assert state.is_completed() is case.completed, state.message
+    if case.message:
+        assert case.message in (state.message or ""), state.message
+    # Nothing left running, whatever happened.
+    assert pids_with_marker(port) == []
+    # Nothing lost: every level that ran is stored, with its failures as rows.
+    store = ResultsStore(results)
+    if not case.levels:
+        assert not (results / "levels").exists()
+    else:
+        levels = pd.read_parquet(results / "levels").set_index("concurrency")
+        assert sorted(levels.index) == sorted(case.levels)
+        requests = store.requests(list(store.runs()["run_id"]))
+        for concurrency, (kind, error) in case.levels.items():
+            level = levels.loc[concurrency]
+            if kind == "clean":
+                assert level["failed"] == 0 and level["completed"] == sweep["num_requests"]
+            else:
+                assert level["failed"] >= 1, (concurrency, level["errors"])
+                assert error in level["errors"], level["errors"]
+        measured = requests[~requests["warmup"]]
+        assert len(measured) == len(case.levels) * int(sweep["num_requests"])  # type: ignore[call-overload]
+        assert measured["error_type"].notna().sum() == levels["failed"].sum()
+    runs = store.runs()
+    if len(runs):
+        run = runs.iloc[0]
+        assert run["status"] == ("completed" if case.completed else "failed")
+        if not case.completed:
+            assert case.message in run["error"]
+    if name.startswith(("hangs", "trickles")):
+        # A stuck or trickling request is cut at the request timeout, not when the server gives up.
+        failed = requests[requests["error_type"] == "Timeout"]
+        assert (failed["e2e_ms"] < (case.timeout_s + 1.0) * 1000).all(), failed["e2e_ms"].tolist()
+        assert took < 60
+    logs = await flow_logs(state.state_details.flow_run_id)
+    # The kill ran at the start (leftovers) and again at the end, whatever happened in between.
+    kills = [m for m in logs if re.search(r"killed \d+ process\(es\)|nothing was running for port", m)]
+    assert len(kills) >= 2, logs
