@@ -7,9 +7,9 @@ from typing import Any
 from prefect import flow
 
 from flows.pipeline import ConfigurationResult, cleanup_hook, run_configuration
-from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
+from specsweep.bench.config import RequestParams, SweepConfig, WorkloadConfig
 from specsweep.hosts.config import HostConfig
-from specsweep.profiles import ServerProfile
+from specsweep.profiles import ProfileParams, ServerProfile
 from specsweep.stages import LifecycleOptions
 from specsweep.store import DEFAULT_ROOT
 from tasks.blocks import aresolve_host
@@ -24,12 +24,12 @@ _cleanup = cleanup_hook(_profiles)
 
 @flow(name="benchmark-config", persist_result=True, on_failure=[_cleanup], on_cancellation=[_cleanup], on_crashed=[_cleanup])
 async def benchmark_config(
-    profile: ServerProfile,
+    profile: ProfileParams,
     host: HostConfig = HostConfig(),
     host_block: str | None = None,
     workload: WorkloadConfig = WorkloadConfig(),
     sweep: SweepConfig = SweepConfig(),
-    request: RequestOptions = RequestOptions(),
+    request: RequestParams = RequestParams(),
     stages: LifecycleOptions = LifecycleOptions(),
     results_dir: str = str(DEFAULT_ROOT),
 ) -> ConfigurationResult:

@@ -12,14 +12,14 @@ from prefect import flow, get_run_logger
 from pydantic import BaseModel
 
 from flows.pipeline import ConfigurationResult, cleanup_hook, host_lock, run_configuration
-from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
+from specsweep.bench.config import RequestParams, SweepConfig, WorkloadConfig
 from specsweep.compare import Comparison
 from specsweep.hosts.config import HostConfig
-from specsweep.profiles import ServerProfile
+from specsweep.profiles import ProfileParams, ServerProfile
 from specsweep.settings import LlamaCppSettings, SGLangSettings
 from specsweep.stages import LifecycleOptions
 from specsweep.store import DEFAULT_ROOT
-from tasks.blocks import aresolve_host
+from tasks.blocks import aresolve_host, aresolve_profile
 from tasks.results import compare_configurations
 
 
@@ -31,17 +31,20 @@ class ComparisonResult(BaseModel):
 
 
 async def run_comparison(
-    baseline: ServerProfile,
-    speculative: ServerProfile,
+    baseline: ProfileParams,
+    speculative: ProfileParams,
     host: HostConfig,
     workload: WorkloadConfig,
     sweep: SweepConfig,
-    request: RequestOptions,
+    request: RequestParams,
     stages: LifecycleOptions,
     results_dir: str,
     allow_mismatch: bool = False,
 ) -> ComparisonResult:
     logger = get_run_logger()
+    # Both secrets are read before anything starts: a missing one is refused up front.
+    baseline = await aresolve_profile(baseline, "baseline")
+    speculative = await aresolve_profile(speculative, "speculative")
     logger.info("comparing %s (baseline) with %s (speculative) on %s", baseline.name, speculative.name, host.label)
     async with host_lock(host):  # both configurations, back to back, with nobody else on the host
         base = await run_configuration(baseline, host, workload, sweep, request, stages, results_dir, lock=False)
@@ -60,13 +63,13 @@ _cleanup = cleanup_hook(_profiles)
 @flow(name="compare-speculation", persist_result=True, on_failure=[_cleanup], on_cancellation=[_cleanup],
       on_crashed=[_cleanup])
 async def compare_speculation(
-    baseline: ServerProfile,
-    speculative: ServerProfile,
+    baseline: ProfileParams,
+    speculative: ProfileParams,
     host: HostConfig = HostConfig(),
     host_block: str | None = None,
     workload: WorkloadConfig = WorkloadConfig(),
     sweep: SweepConfig = SweepConfig(),
-    request: RequestOptions = RequestOptions(),
+    request: RequestParams = RequestParams(),
     stages: LifecycleOptions = LifecycleOptions(),
     results_dir: str = str(DEFAULT_ROOT),
     allow_mismatch: bool = False,
@@ -92,7 +95,7 @@ async def compare_sglang_eagle3(
     host_block: str | None = None,
     workload: WorkloadConfig = WorkloadConfig(),
     sweep: SweepConfig = SweepConfig(concurrency=[1, 2, 4, 8, 16, 32, 64]),
-    request: RequestOptions = RequestOptions(),
+    request: RequestParams = RequestParams(),
     stages: LifecycleOptions = LifecycleOptions(),
     results_dir: str = str(DEFAULT_ROOT),
     allow_mismatch: bool = False,
@@ -122,4 +125,4 @@ async def compare_local_llamacpp(
 ) -> ComparisonResult:
     """llama.cpp on this machine's CPU: baseline vs draft speculation, with tiny generated models."""
     return await run_comparison(llamacpp.profile("baseline"), llamacpp.profile("speculative"), HostConfig(), workload,
-                                sweep, RequestOptions(), stages, results_dir)
+                                sweep, RequestParams(), stages, results_dir)

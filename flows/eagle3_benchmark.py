@@ -7,7 +7,7 @@ from typing import Any
 from prefect import flow
 
 from flows.pipeline import ConfigurationResult, cleanup_hook, run_configuration
-from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
+from specsweep.bench.config import RequestParams, SweepConfig, WorkloadConfig
 from specsweep.hosts.config import HostConfig
 from specsweep.profiles import ServerProfile
 from specsweep.settings import SGLangSettings
@@ -30,7 +30,7 @@ async def eagle3_benchmark(
     host_block: str | None = None,
     workload: WorkloadConfig = WorkloadConfig(),
     sweep: SweepConfig = SweepConfig(concurrency=[1, 2, 4, 8, 16, 32, 64]),
-    request: RequestOptions = RequestOptions(),
+    request: RequestParams = RequestParams(),
     stages: LifecycleOptions = LifecycleOptions(),
     results_dir: str = str(DEFAULT_ROOT),
 ) -> ConfigurationResult:

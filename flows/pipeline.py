@@ -27,19 +27,21 @@ from prefect.client.schemas.objects import FlowRun, State
 from prefect.concurrency.asyncio import concurrency
 from prefect.context import get_run_context
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
-from pydantic import BaseModel, SecretStr
+from pydantic import BaseModel, SecretStr, ValidationError
 
 from specsweep import lifecycle
-from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
+from specsweep.bench.config import RequestOptions, RequestParams, SweepConfig, WorkloadConfig
+from specsweep.bench.workload import check_source
 from specsweep.bench.measure import BenchTarget, merge_repeats, run_row, saturated
 from specsweep.errors import ServerCrashedError
 from specsweep.health import LOG_TAIL_LINES
 from specsweep.hosts.config import HostConfig, build_host
-from specsweep.profiles import ServerProfile
+from specsweep.profiles import ProfileParams, ServerProfile
 from specsweep.report import level_label
 from specsweep.stages import LifecycleOptions
 from specsweep.store import ResultsStore, now_iso
 from tasks.benchmark import run_concurrency_benchmark
+from tasks.blocks import aresolve_profile, aresolve_secret
 from tasks.results import artifact_key, fingerprint_environment, publish_configuration
 from tasks.server import kill_server, start_server, wait_for_health
 
@@ -89,12 +91,11 @@ async def host_lock(host: HostConfig) -> AsyncIterator[None]:
         announcer.cancel()
 
 
-async def resolve_request(request: RequestOptions) -> RequestOptions:
-    """Fill the API key from its Secret block, if one is named."""
-    from tasks.blocks import aresolve_secret
-
-    key = await aresolve_secret(request.api_key_secret)
-    return request.model_copy(update={"api_key": SecretStr(key)}) if key else request
+async def resolve_request(request: RequestParams) -> RequestOptions:
+    """The request options with the API key read from its Secret block, if one is named."""
+    options = request if isinstance(request, RequestOptions) else RequestOptions.model_validate(request.model_dump())
+    key = await aresolve_secret(request.api_key_secret, "request.api_key_secret")
+    return options.model_copy(update={"api_key": SecretStr(key)}) if key else options
 
 
 class ConfigurationResult(BaseModel):
@@ -115,11 +116,11 @@ def run_id_for(profile: ServerProfile) -> str:
 
 
 async def run_configuration(
-    profile: ServerProfile,
+    profile: ProfileParams,
     host: HostConfig,
     workload: WorkloadConfig,
     sweep: SweepConfig,
-    request: RequestOptions,
+    request: RequestParams,
     stages: LifecycleOptions,
     results_dir: str,
     *,
@@ -131,8 +132,10 @@ async def run_configuration(
             return await run_configuration(profile, host, workload, sweep, request, stages, results_dir, lock=False)
     logger = get_run_logger()
     request = await resolve_request(request)
+    profile = await aresolve_profile(profile)
     store = ResultsStore(results_dir)
     store.check_writable()  # before anything touches the host
+    check_source(workload)  # a bad prompts file is refused before a server starts
     run_id = run_id_for(profile)
     flow_run_id = str(get_run_context().flow_run.id)  # type: ignore[union-attr]
     request = request if request.api_key or not profile.api_key else request.model_copy(update={"api_key": profile.api_key})
@@ -281,8 +284,13 @@ def cleanup_hook(profiles_from: Callable[[dict[str, Any]], list[ServerProfile]])
         try:
             host = resolve_host(HostConfig.model_validate(params.get("host") or {}), params.get("host_block"))
             profiles = profiles_from(params)
+        except ValidationError:
+            # Parameters that do not validate were refused before the flow body ran: nothing started.
+            log.info("cleanup of flow run %s: its parameters were refused, so no server was started", flow_run.id)
+            return
         except Exception as exc:  # noqa: BLE001 - a hook must not raise
-            log.error("cleanup of flow run %s: cannot rebuild its servers from the parameters: %s", flow_run.id, exc)
+            log.error("cleanup of flow run %s: cannot rebuild its servers from the parameters: %s", flow_run.id,
+                      type(exc).__name__)
             return
         for profile in profiles:
             try:

@@ -10,17 +10,19 @@ from prefect import flow
 
 from specsweep.health import HealthReport
 from specsweep.hosts.config import HostConfig
-from specsweep.profiles import ServerProfile
+from specsweep.profiles import ProfileParams
 from specsweep.stages import LifecycleOptions
+from tasks.blocks import aresolve_profile
 from tasks.server import kill_server, start_server, wait_for_health
 
 
 @flow(name="server-lifecycle", log_prints=False)
 async def server_lifecycle(
-    profile: ServerProfile,
+    profile: ProfileParams,
     host: HostConfig = HostConfig(),
     stages: LifecycleOptions = LifecycleOptions(),
 ) -> HealthReport:
+    profile = await aresolve_profile(profile)
     kill = kill_server.with_options(**stages.kill.task_options())
     await kill(host, profile)
     handle = await start_server.with_options(**stages.start.task_options())(host, profile, stages.kill_port_holder)

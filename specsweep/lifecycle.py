@@ -65,7 +65,8 @@ class KillReport(BaseModel):
 
     def summary(self) -> str:
         if not self.killed:
-            return f"nothing was running for port {self.port} on {self.host} ({self.duration_s:.2f} s)"
+            held = "" if self.port_free else "; the port is held by another program"
+            return f"nothing was running for port {self.port} on {self.host} ({self.duration_s:.2f} s){held}"
         forced = sum(1 for k in self.killed if k.signal == "SIGKILL")
         extra = f", {forced} needed SIGKILL" if forced else ""
         return f"killed {len(self.killed)} process(es) on {self.host} in {self.duration_s:.2f} s{extra}; port {self.port} free"
@@ -211,8 +212,15 @@ def kill_server(
                 log.warning("a late process %d (%s) appeared during the kill: SIGKILL", pid, reason)
             host.signal_pids(sorted(late), signal.SIGKILL)
 
-    port_free = host.wait_until(lambda: not host.port_listening(profile.port), timeout=10)
-    if not port_free:
+    if not found and host.port_listening(profile.port):
+        # Nothing of this server ran, yet the port is taken: by something else, which is not
+        # ours to kill unasked. start_server refuses it, naming it, unless told to kill it.
+        log.warning("port %d on %s is held by a process that is not this server's: %s",
+                    profile.port, host.label, describe_port_holders(host, profile.port, redact))
+        port_free, foreign = False, True
+    else:
+        port_free, foreign = host.wait_until(lambda: not host.port_listening(profile.port), timeout=10), False
+    if not port_free and not foreign:
         owners = host.port_owners(profile.port)
         raise KillError(
             f"port {profile.port} on {host.label} is still in use after the kill (pids {owners or 'unknown: not visible to this user'}). "

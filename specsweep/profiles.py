@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from specsweep.errors import ConfigError
 from specsweep.redact import Redactor, mask_argv, mask_env, secrets_in_argv, secrets_in_env
@@ -26,8 +26,10 @@ MARKER_ENV = "SPECSWEEP_SERVER_PORT"
 PLACEHOLDERS = ("{host}", "{port}", "{api_key}")
 
 
-class ServerProfile(BaseModel):
-    """One server configuration: how to launch it, where it listens, how to tell it is ready."""
+class ProfileParams(BaseModel):
+    """One server configuration as flows take it: everything but the API key itself, which
+    would show in the Prefect UI as a parameter. Flows read it from the Secret block named
+    in ``api_key_secret``; ``ServerProfile`` adds the key."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -68,7 +70,10 @@ class ServerProfile(BaseModel):
         description="Regular expressions matched against process command lines; matching processes are "
         "leftovers to kill (e.g. 'sglang::scheduler', whose processes escape the launcher's tree).",
     )
-    api_key: SecretStr | None = Field(None, description="API key of the server ({api_key} in argv); sent as a bearer token.")
+    api_key_secret: str | None = Field(
+        None, description="Name of a Prefect Secret block holding the server's API key ({api_key} in argv; sent "
+        "as a bearer token). Flows read it at run time, so the key never becomes a parameter."
+    )
     kill_grace_s: float = Field(10.0, ge=0, le=600, description="Time between SIGTERM and SIGKILL.")
     gpu_memory_free_mib: int = Field(
         2048, ge=0, description="After a kill, every visible GPU must use less than this many MiB (checked where nvidia-smi exists)."
@@ -116,6 +121,24 @@ class ServerProfile(BaseModel):
         if not path.startswith("/"):
             raise ValueError(f"{path!r} must start with '/'")
         return path
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_key_in_parameters(cls, data: Any) -> Any:
+        if cls is ProfileParams and isinstance(data, dict) and "api_key" in data:
+            if not data["api_key"]:  # a profile written out without a key
+                return {k: v for k, v in data.items() if k != "api_key"}
+            raise ValueError(
+                "api_key is not accepted in a flow's profile: a parameter shows in the Prefect UI. Store the key "
+                "in a Secret block and give its name in api_key_secret"
+            )
+        return data
+
+
+class ServerProfile(ProfileParams):
+    """One server configuration: how to launch it, where it listens, how to tell it is ready."""
+
+    api_key: SecretStr | None = Field(None, description="API key of the server ({api_key} in argv); sent as a bearer token.")
 
     # -- derived values ---------------------------------------------------------------------
 

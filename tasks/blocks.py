@@ -18,7 +18,9 @@ from pathlib import Path
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr
 
+from specsweep.errors import ConfigError
 from specsweep.hosts.config import HostConfig, SSHEndpoint
+from specsweep.profiles import ProfileParams, ServerProfile
 
 
 def _known_hosts_file(text: str) -> Path:
@@ -78,11 +80,26 @@ async def aresolve_host(host: HostConfig, host_block: str | None) -> HostConfig:
     return block.host_config()
 
 
-async def aresolve_secret(name: str | None) -> str | None:
+async def aresolve_secret(name: str | None, field: str = "api_key_secret") -> str | None:
     """The value of a Prefect Secret block, or None when no name is given."""
     if not name:
         return None
     from prefect.blocks.system import Secret
 
-    secret = await Secret.aload(name)
+    try:
+        secret = await Secret.aload(name)
+    except ValueError as exc:
+        raise ConfigError(
+            f"{field}: there is no Prefect Secret block named {name!r} ({exc}). Create it in the UI (Blocks → "
+            "Secret) or with Secret(value=...).save(name), or fix the name."
+        ) from None
     return str(secret.get())
+
+
+async def aresolve_profile(profile: ProfileParams, field: str = "profile") -> ServerProfile:
+    """The profile with its API key read from the Secret block it names."""
+    key = await aresolve_secret(profile.api_key_secret, f"{field}.api_key_secret")
+    data = profile.model_dump()
+    if key:
+        data["api_key"] = SecretStr(key)
+    return ServerProfile.model_validate(data)

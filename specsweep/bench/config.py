@@ -10,8 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 Endpoint = Literal["completions", "chat", "generate"]
 
 
-class RequestOptions(BaseModel):
-    """How each request is made."""
+class RequestParams(BaseModel):
+    """How each request is made: the form flows show. The API key is not in it (a parameter
+    shows in the UI): name a Prefect Secret block in ``api_key_secret`` instead."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -20,14 +21,32 @@ class RequestOptions(BaseModel):
         description="completions: /v1/completions; chat: /v1/chat/completions; generate: SGLang's native /generate.",
     )
     model: str | None = Field(None, description="Model name sent in the request; default: the server's first model.")
-    api_key: SecretStr | None = Field(None, description="Sent as 'Authorization: Bearer ...'. Prefer api_key_secret.")
     api_key_secret: str | None = Field(
-        None, description="Name of a Prefect Secret block holding the API key (flows only); keeps it out of parameters."
+        None, description="Name of a Prefect Secret block holding the API key; keeps the key out of parameters."
     )
     ignore_eos: bool = Field(True, description="Generate exactly the requested output length.")
     temperature: float = Field(0.0, ge=0, le=5, description="Sampling temperature; 0 is greedy and repeatable.")
     timeout_s: float = Field(300.0, gt=0, le=24 * 3600, description="Limit of one request, first byte to last.")
     extra_body: dict[str, Any] = Field(default_factory=dict, description="Extra fields merged into every request body.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_key_in_parameters(cls, data: Any) -> Any:
+        if cls is RequestParams and isinstance(data, dict) and "api_key" in data:
+            if not data["api_key"]:  # options written out without a key
+                return {k: v for k, v in data.items() if k != "api_key"}
+            raise ValueError(
+                "api_key is not accepted here: a flow parameter shows in the Prefect UI. Store the key in a "
+                "Secret block (prefect block create secret, or the UI) and give its name in api_key_secret"
+            )
+        return data
+
+
+class RequestOptions(RequestParams):
+    """How each request is made, with the API key itself (the command line, and flows once the
+    key has been read from its Secret block)."""
+
+    api_key: SecretStr | None = Field(None, description="Sent as 'Authorization: Bearer ...'.")
 
 
 class WorkloadConfig(BaseModel):

@@ -65,7 +65,7 @@ def http_tokenizer(client: httpx.AsyncClient, base_url: str, headers: dict[str, 
 def _read_file(path: Path) -> list[str]:
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"prompts_file {path} does not exist")
+        raise ConfigError(f"prompts_file {path} does not exist: give the path of a JSONL or Parquet file of prompts")
     if path.suffix.lower() == ".parquet":
         import pandas as pd
 
@@ -96,10 +96,20 @@ def _read_file(path: Path) -> list[str]:
             elif isinstance(item, dict) and isinstance(item.get("prompt"), str):
                 prompts.append(item["prompt"])
             else:
-                raise ConfigError(f"prompts_file {path} line {n} has no string field 'prompt'")
+                raise ConfigError(f"prompts_file {path} line {n} has no string field 'prompt': "
+                                  "each line must be an object like {\"prompt\": \"...\"}")
     if not prompts:
-        raise ConfigError(f"prompts_file {path} holds no prompts")
+        raise ConfigError(f"prompts_file {path} holds no prompts: add one {{\"prompt\": \"...\"}} per line")
     return prompts
+
+
+def check_source(config: WorkloadConfig) -> None:
+    """Read the prompt source once, so that a bad file is refused before any server starts."""
+    if config.source == "file":
+        assert config.prompts_file is not None  # the model requires it
+        _read_file(config.prompts_file)
+    elif config.source == "bundled":
+        bundled_prompts(config.bundled_set)
 
 
 def bundled_prompts(name: str) -> list[str]:

@@ -133,3 +133,25 @@ async def test_two_runs_on_one_host_do_not_overlap(deployed: dict[str, str], tmp
             logs = await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
             texts.append("\n".join(log.message for log in logs))
     assert any("waiting for host local: another benchmark is running on it" in t for t in texts)
+
+
+async def test_bad_parameters_are_refused_when_the_run_is_created(deployed: dict[str, str]) -> None:
+    """As the UI's form does: the server checks parameters against the flow's schema, so a bad
+    run never reaches a worker, and a key typed into a parameter is never stored."""
+    if "postgresql" in deployed.get("PREFECT_API_DATABASE_CONNECTION_URL", ""):
+        pytest.skip("checked once, on SQLite")
+    from prefect.exceptions import PrefectHTTPStatusError
+
+    async with get_client() as client:
+        dep = await client.read_deployment_by_name("compare-speculation/profiles")
+        before = len(await client.read_flow_runs())
+        for params, needle in (
+            ({"sweep": {"repeats": 0}}, "repeats"),
+            ({"request": {"api_key": "sk-typed-into-the-form"}}, "api_key"),
+            ({"baseline": {"name": "b", "argv": ["srv"], "port": "eighty"}}, "port"),
+        ):
+            with pytest.raises(PrefectHTTPStatusError) as err:
+                await client.create_flow_run_from_deployment(dep.id, parameters=params)
+            assert err.value.response.status_code in (409, 422)
+            assert needle in err.value.response.text, err.value.response.text
+        assert len(await client.read_flow_runs()) == before

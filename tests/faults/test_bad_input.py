@@ -1,0 +1,221 @@
+"""Bad input, flow by flow and command by command: refused with the field and the fix, before
+any host is touched.
+
+The host given to the flows is a tripwire: an address whose listener records every
+connection. A flow that refuses its input must leave it untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flows.baseline_benchmark import baseline_benchmark
+from flows.benchmark_config import benchmark_config
+from flows.compare_speculation import compare_local_llamacpp, compare_sglang_eagle3, compare_speculation
+from flows.eagle3_benchmark import eagle3_benchmark
+from flows.server_lifecycle import server_lifecycle
+from tests.conftest import REPO, TOY
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+class Tripwire:
+    """A TCP listener that counts who connects."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.connections = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            conn.close()
+
+
+@pytest.fixture(scope="module")
+def tripwire() -> Iterator[Tripwire]:
+    t = Tripwire()
+    yield t
+    t.sock.close()
+
+
+def tripwire_host(t: Tripwire, tmp_path: Path) -> dict[str, Any]:
+    key = tmp_path / "id_unused"
+    key.write_text("not a key: never read, the host is never reached\n")
+    return {"kind": "ssh", "ssh": {"hostname": "127.0.0.1", "port": t.port, "user": "nobody", "key_path": str(key),
+                                   "use_agent": False, "connect_timeout_s": 2}}
+
+
+def profile(**over: Any) -> dict[str, Any]:
+    return {"name": "toy", "argv": [sys.executable, TOY, "--port", "{port}"], "port": 39999, **over}
+
+
+# (flow, parameters, what the error must say). Each names the field; pydantic's message says
+# what a valid value is, the custom ones say what to do.
+FLOW_CASES: dict[str, tuple[Any, dict[str, Any], list[str]]] = {
+    "concurrency 0": (benchmark_config, {"profile": profile(), "sweep": {"concurrency": [0, 8]}},
+                      ["sweep.concurrency", "every concurrency level must be at least 1"]),
+    "negative wait timeout": (benchmark_config, {"profile": profile(), "stages": {"wait": {"timeout_s": -5}}},
+                              ["stages.wait.timeout_s", "greater than 0"]),
+    "negative request timeout": (benchmark_config, {"profile": profile(), "request": {"timeout_s": -1}},
+                                 ["request.timeout_s", "greater than 0"]),
+    "negative retries": (server_lifecycle, {"profile": profile(), "stages": {"kill": {"retries": -1}}},
+                         ["stages.kill.retries", "greater than or equal to 0"]),
+    "port as text": (benchmark_config, {"profile": profile(port="eighty")}, ["profile.port", "valid integer"]),
+    "port out of range": (benchmark_config, {"profile": profile(port=70000)}, ["profile.port", "less than or equal to 65535"]),
+    "unknown profile field": (benchmark_config, {"profile": profile(colour="red")}, ["profile.colour", "Extra inputs"]),
+    "unknown sweep field": (benchmark_config, {"profile": profile(), "sweep": {"concurency": [1]}},
+                            ["sweep.concurency", "Extra inputs"]),
+    "argv as a string": (benchmark_config, {"profile": profile(argv="python -m sglang.launch_server")},
+                         ["profile.argv", "valid list"]),
+    "output length 0": (benchmark_config, {"profile": profile(), "workload": {"output_len": 0}},
+                        ["workload.output_len", "greater than or equal to 1"]),
+    "file source without a file": (benchmark_config, {"profile": profile(), "workload": {"source": "file"}},
+                                   ["workload", "prompts_file"]),
+    "SSH port 0": (benchmark_config, {"profile": profile(), "host": {"kind": "ssh", "ssh": {"hostname": "gpu", "port": 0}}},
+                   ["host.ssh.port", "greater than or equal to 1"]),
+    "ssh host without its settings": (benchmark_config, {"profile": profile(), "host": {"kind": "ssh"}},
+                                      ["host", "ssh"]),
+    "tp 0": (eagle3_benchmark, {"sglang": {"tp": 0}}, ["sglang.tp", "greater than or equal to 1"]),
+    "steps as text": (baseline_benchmark, {"sglang": {"num_steps": "three"}}, ["sglang.num_steps", "valid integer"]),
+    "unknown sglang field": (compare_sglang_eagle3, {"sglang": {"speculative_algo": "EAGLE3"}},
+                             ["sglang.speculative_algo", "Extra inputs"]),
+    "repeats 0": (compare_speculation, {"baseline": profile(), "speculative": profile(name="spec"), "sweep": {"repeats": 0}},
+                  ["sweep.repeats", "greater than or equal to 1"]),
+    "llama.cpp slots 0": (compare_local_llamacpp, {"llamacpp": {"parallel": 0}}, ["llamacpp.parallel", "greater than or equal to 1"]),
+}
+
+
+@pytest.mark.parametrize("case", list(FLOW_CASES))
+async def test_flow_refuses_bad_parameters_before_touching_the_host(case: str, tripwire: Tripwire, tmp_path: Path) -> None:
+    flow, params, needles = FLOW_CASES[case]
+    if "host" in flow.parameters.properties and "host" not in params:  # type: ignore[attr-defined]
+        params = {**params, "host": tripwire_host(tripwire, tmp_path)}
+    if "results_dir" in flow.parameters.properties:  # type: ignore[attr-defined]
+        params = {**params, "results_dir": str(tmp_path / "results")}
+    before = tripwire.connections
+    state = await flow(**params, return_state=True)
+    assert state.is_failed()
+    for needle in needles:
+        assert needle in (state.message or ""), state.message
+    assert tripwire.connections == before, "the host was touched"
+    assert not (tmp_path / "results").exists()
+
+
+def prompts_file(tmp_path: Path, kind: str) -> Path:
+    path = tmp_path / f"prompts-{kind}.jsonl"
+    if kind == "empty":
+        path.write_text("")
+    elif kind == "not UTF-8":
+        path.write_bytes(b'{"prompt": "caf\xe9"}\n')
+    elif kind == "not JSONL":
+        path.write_text("prompt,length\nhello,5\n")
+    elif kind == "no prompt field":
+        path.write_text(json.dumps({"text": "hello"}) + "\n")
+    else:
+        path = tmp_path / "nowhere.jsonl"
+    return path
+
+
+PROMPT_CASES = {
+    "empty": "holds no prompts: add one",
+    "not UTF-8": "is not UTF-8 text: save it as UTF-8 JSONL",
+    "not JSONL": "line 1 is not JSON: each line must be an object like",
+    "no prompt field": "line 1 has no string field 'prompt'",
+    "missing": "does not exist: give the path of a JSONL or Parquet file",
+}
+
+
+@pytest.mark.parametrize("kind", list(PROMPT_CASES))
+async def test_bad_prompt_files_are_refused_before_touching_the_host(kind: str, tripwire: Tripwire, tmp_path: Path) -> None:
+    path = prompts_file(tmp_path, kind)
+    before = tripwire.connections
+    state = await benchmark_config(profile=profile(), host=tripwire_host(tripwire, tmp_path),  # type: ignore[arg-type]
+                                   workload={"source": "file", "prompts_file": str(path)},  # type: ignore[arg-type]
+                                   results_dir=str(tmp_path / "results"), return_state=True)
+    assert state.is_failed()
+    assert f"prompts_file {path}" in (state.message or "") and PROMPT_CASES[kind] in (state.message or ""), state.message
+    assert tripwire.connections == before, "the host was touched"
+
+
+async def test_missing_secret_block_is_named_before_touching_the_host(tripwire: Tripwire, tmp_path: Path) -> None:
+    before = tripwire.connections
+    state = await benchmark_config(profile=profile(api_key_secret="no-such-secret"),  # type: ignore[arg-type]
+                                   host=tripwire_host(tripwire, tmp_path), return_state=True,  # type: ignore[arg-type]
+                                   results_dir=str(tmp_path / "results"))
+    assert state.is_failed()
+    assert "profile.api_key_secret: there is no Prefect Secret block named 'no-such-secret'" in (state.message or "")
+    assert tripwire.connections == before
+
+
+async def test_unresolvable_host_is_a_clear_error(tmp_path: Path) -> None:
+    host = {"kind": "ssh", "ssh": {"hostname": "gpu-box.does-not-exist.invalid", "user": "root", "use_agent": False,
+                                   "connect_timeout_s": 3}}
+    state = await benchmark_config(profile=profile(), host=host, results_dir=str(tmp_path / "results"),  # type: ignore[arg-type]
+                                   stages={"kill": {"retries": 0}}, return_state=True)  # type: ignore[arg-type]
+    assert state.is_failed()
+    assert "cannot resolve SSH host 'gpu-box.does-not-exist.invalid'" in (state.message or "")
+    assert "ssh.hostname" in (state.message or "")
+
+
+async def test_port_in_use_names_the_holder_and_the_fix(tmp_path: Path) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        state = await benchmark_config(profile=profile(port=port), results_dir=str(tmp_path / "results"),  # type: ignore[arg-type]
+                                       stages={"start": {"retries": 0}}, return_state=True)  # type: ignore[arg-type]
+        assert state.is_failed()
+        message = state.message or ""
+        assert f"port {port} on local is already in use by" in message and "kill_port_holder" in message
+        # A process that is not ours is not killed without being asked: the holder still answers.
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+# -- the command line ------------------------------------------------------------------------
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "specsweep.cli", *args], capture_output=True, text=True, timeout=120,
+                          cwd=REPO)
+
+
+CLI_CASES = {
+    "concurrency 0": (["bench", "--url", "http://127.0.0.1:9", "--concurrency", "0"], "every concurrency level must be at least 1"),
+    "concurrency as text": (["bench", "--url", "http://127.0.0.1:9", "--concurrency", "one,two"], "--concurrency"),
+    "negative timeout": (["bench", "--url", "http://127.0.0.1:9", "--timeout", "-3"], "timeout_s"),
+    "bad prompts file": (["bench", "--url", "http://127.0.0.1:9", "--dataset", "file", "--prompts-file", "/nonexistent.jsonl"],
+                         "prompts_file /nonexistent.jsonl does not exist"),
+    "unknown preset": (["preset", "sglang-eagle5"], "sglang-eagle5"),
+    "bad SSH port": (["server", "kill", "--profile", "{profile}", "--ssh", "root@gpu:0"], "port"),
+    "profile port as text": (["server", "start", "--profile", "{bad_profile}"], "port: Input should be a valid integer"),
+}
+
+
+@pytest.mark.parametrize("case", list(CLI_CASES))
+def test_command_line_refuses_bad_input(case: str, tmp_path: Path) -> None:
+    args, needle = CLI_CASES[case]
+    good, bad = tmp_path / "p.json", tmp_path / "bad.json"
+    good.write_text(json.dumps(profile()))
+    bad.write_text(json.dumps(profile(port="eighty")))
+    args = [a.replace("{profile}", str(good)).replace("{bad_profile}", str(bad)) for a in args]
+    proc = cli(*args)
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert needle in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
