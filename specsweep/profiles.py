@@ -140,6 +140,11 @@ class ServerProfile(ProfileParams):
 
     api_key: SecretStr | None = Field(None, description="API key of the server ({api_key} in argv); sent as a bearer token.")
 
+    def as_parameters(self) -> dict[str, Any]:
+        """The profile as a flow parameter (JSON): without the API key, which flows read from
+        the Secret block named in ``api_key_secret``."""
+        return self.model_dump(mode="json", exclude={"api_key"})
+
     # -- derived values ---------------------------------------------------------------------
 
     @property

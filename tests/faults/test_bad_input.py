@@ -176,6 +176,9 @@ async def test_unresolvable_host_is_a_clear_error(tmp_path: Path) -> None:
 
 
 async def test_port_in_use_names_the_holder_and_the_fix(tmp_path: Path) -> None:
+    # The holder is this test process: one that kill_server never kills (it spares its own
+    # process tree), as it would a port held by another user's program. (A stray server from
+    # an earlier run is killed: see test_lifecycle_local.)
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen(1)
@@ -185,7 +188,7 @@ async def test_port_in_use_names_the_holder_and_the_fix(tmp_path: Path) -> None:
         assert state.is_failed()
         message = state.message or ""
         assert f"port {port} on local is already in use by" in message and "kill_port_holder" in message
-        # A process that is not ours is not killed without being asked: the holder still answers.
+        # The holder was left alone: it still answers.
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
 
 

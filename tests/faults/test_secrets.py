@@ -80,7 +80,7 @@ async def test_nothing_a_run_leaves_shows_the_ssh_key_or_the_api_key(
 
 async def test_a_key_given_as_a_flow_parameter_is_refused_before_anything_runs(tmp_path: Path) -> None:
     port = free_port()
-    profile = sglang_baseline("/models/kimi", simulate=True, sim_profile="tiny-fast", port=port).model_dump(mode="json")
+    profile = sglang_baseline("/models/kimi", simulate=True, sim_profile="tiny-fast", port=port).as_parameters()
     state = await benchmark_config(profile={**profile, "api_key": API_KEY}, request={"api_key": API_KEY},  # type: ignore[arg-type]
                                    results_dir=str(tmp_path / "results"), return_state=True)
     assert state.is_failed()

@@ -70,7 +70,7 @@ async def test_compare_speculation_end_to_end(tmp_path: Path) -> None:
 
 
 async def test_retry_like_the_ui_reuses_finished_levels(tmp_path: Path) -> None:
-    """A server crash fails the run at the third level; the UI's Retry resumes there and keeps levels 1-2."""
+    """A server crash fails the run before the third level; the UI's Retry resumes there and keeps levels 1-2."""
     port = free_port()
     once = tmp_path / "fault-fired"
     # The server dies right after the 24th request: levels 1 and 2 (12 each, warm-up included)
@@ -78,7 +78,7 @@ async def test_retry_like_the_ui_reuses_finished_levels(tmp_path: Path) -> None:
     base, _ = sim_profiles(port, "--fault-die-after", "24", "--fault-once-file", str(once))
     results = tmp_path / "results"
     params = {
-        "profile": base.model_dump(mode="json"),
+        "profile": base.as_parameters(),
         "sweep": {"concurrency": [1, 2, 4], "num_requests": 10, "warmup_requests": 2},
         "workload": {"input_len": 8, "output_len": 16},
         "results_dir": str(results),
@@ -109,8 +109,9 @@ async def test_retry_like_the_ui_reuses_finished_levels(tmp_path: Path) -> None:
     # Levels 1 and 2: measured once, then taken from the persisted result on the retry.
     assert sorted(bench["benchmark sglang-baseline concurrency=1.0 #0"]) == ["Cached", "Completed"], bench
     assert sorted(bench["benchmark sglang-baseline concurrency=2.0 #0"]) == ["Cached", "Completed"], bench
-    # Level 3: failed on the first try, measured on the retry.
-    assert sorted(bench["benchmark sglang-baseline concurrency=4.0 #0"]) == ["Completed", "Failed"], bench
+    # Level 3: measured on the retry. (On the first try it failed at its warm-up, or never
+    # started: when the dying server's last answer fails, the sweep stops right after level 2.)
+    assert sorted(bench["benchmark sglang-baseline concurrency=4.0 #0"]) in (["Completed"], ["Completed", "Failed"]), bench
     files = {p.name: p.stat().st_mtime_ns for p in (results / "levels").glob("*/*.parquet")}
     assert len(files) == 3
     assert all(files[name] == mtime for name, mtime in first_files.items())  # not measured again
@@ -121,7 +122,7 @@ async def test_cancelled_run_leaves_no_server(tmp_path: Path) -> None:
     port = free_port()
     base, _ = sim_profiles(port)
     params = {
-        "profile": base.model_dump(mode="json"),
+        "profile": base.as_parameters(),
         "sweep": {"concurrency": [1], "num_requests": 100000, "warmup_requests": 1},
         "workload": {"input_len": 8, "output_len": 64},
         "results_dir": str(tmp_path / "results"),
@@ -154,7 +155,7 @@ async def test_flow_process_killed_outright_the_crash_hook_kills_the_server(tmp_
     port = free_port()
     base, _ = sim_profiles(port)
     params = {
-        "profile": base.model_dump(mode="json"),
+        "profile": base.as_parameters(),
         "sweep": {"concurrency": [1], "num_requests": 100000, "warmup_requests": 1},
         "workload": {"input_len": 8, "output_len": 64},
         "results_dir": str(tmp_path / "results"),
@@ -207,7 +208,7 @@ async def test_retry_after_the_speculative_server_fails_to_start_keeps_the_basel
     spec = spec.model_copy(update={"argv": [*spec.argv, "--fault-crash-on-start", "--fault-once-file", str(once)]})
     results = tmp_path / "results"
     params = {
-        "baseline": base.model_dump(mode="json"), "speculative": spec.model_dump(mode="json"),
+        "baseline": base.as_parameters(), "speculative": spec.as_parameters(),
         "sweep": {"concurrency": [1, 4], "num_requests": 8, "warmup_requests": 1},
         "workload": {"input_len": 8, "output_len": 16}, "results_dir": str(results),
     }
