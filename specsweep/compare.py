@@ -3,8 +3,9 @@
 Pure functions over the store's level rows. Per concurrency level: output throughput
 and latency of both, their ratio, and whether the difference is beyond the noise (a
 bootstrap interval over repeats; with one repeat each, a single sample, and said so).
-Then the crossover (the lowest level from which the baseline is at least as fast, for
-that level and every level above it), a recommendation in words, in a form engines take
+Then the crossover (the lowest level from which speculation is not clearly faster, at
+that level and every level above it; "clearly" is beyond the noise where repeats give a
+noise estimate), a recommendation in words, in a form engines take
 (vLLM V1 ``num_speculative_tokens_per_batch_size``; for SGLang, which has no such switch,
 a router threshold), and the projected throughput of switching per level against always
 on and always off.
@@ -48,7 +49,7 @@ class Comparison(BaseModel):
     baseline: str
     speculative: str
     levels: list[LevelComparison]
-    crossover: int | None = Field(description="Lowest level from which the baseline is at least as fast; None: never.")
+    crossover: int | None = Field(description="Lowest level from which speculation is not clearly faster; None: never.")
     recommendation: str
     vllm_num_speculative_tokens_per_batch_size: dict[str, int]
     router: dict[str, Any]
@@ -141,34 +142,54 @@ def compare_levels(
     if any(r.repeats == (1, 1) or min(r.repeats) == 1 for r in rows):
         notes.append("Some levels have a single sample per configuration: differences of a few percent may be noise. "
                      "Use repeats ≥ 3 for a noise estimate.")
-    # Crossover: lowest level from which the baseline is at least as fast at every level above.
+    # Speculation "pays" at a level when it is faster beyond the noise (with repeats), or
+    # faster at all (single samples, said so above). Where it does not clearly pay, it costs
+    # GPU work for nothing: the crossover is the lowest level from which it pays nowhere above.
+    def pays(r: LevelComparison) -> bool:
+        return r.verdict == "speculation faster" if r.ratio_low is not None else r.ratio > 1.0
+
     crossover = None
     for i, r in enumerate(rows):
-        if all(x.ratio <= 1.0 for x in rows[i:]):
+        if not any(pays(x) for x in rows[i:]):
             crossover = r.concurrency
             break
-    wins = [r for r in rows if r.ratio > 1.0]
-    if crossover is None:
+    wins = [r for r in rows if pays(r)]
+    noisy = [r.concurrency for r in rows if r.verdict == "within noise"]
+    if crossover is None and len(wins) == len(rows):
         rec = (f"Speculation pays at every level measured (up to {rows[-1].concurrency} concurrent requests): "
                "keep it on, or measure higher levels to find where it stops paying.")
         vllm = {f"1-{MAX_BATCH}": num_speculative_tokens}
         router: dict[str, Any] = {"speculative_below_concurrency": None, "note": "speculation wins at every measured level"}
+    elif crossover is None:
+        levels_won = ", ".join(str(r.concurrency) for r in wins)
+        rec = (f"Speculation pays at {levels_won} concurrent requests but not at every level below: no single "
+               "threshold fits; keep it on, and check the per-level verdicts.")
+        vllm = {f"1-{MAX_BATCH}": num_speculative_tokens}
+        router = {"speculative_below_concurrency": None, "note": "no single threshold: see the per-level verdicts"}
+        notes.append("Speculation's advantage is not monotonic across levels; check the per-level verdicts.")
     elif crossover == rows[0].concurrency:
-        rec = (f"Speculation does not pay at any level measured (from {crossover} concurrent request"
-               f"{'s' if crossover > 1 else ''} up): turn it off.")
+        if noisy and not any(r.verdict == "baseline faster" or (r.ratio_low is None and r.ratio < 1) for r in rows):
+            rec = ("Speculation makes no difference beyond the noise at any level measured: it does not pay here; "
+                   "turn it off (or measure more requests or repeats).")
+        else:
+            rec = (f"Speculation does not pay at any level measured (from {crossover} concurrent request"
+                   f"{'s' if crossover > 1 else ''} up): turn it off.")
         vllm = {f"1-{MAX_BATCH}": 0}
         router = {"speculative_below_concurrency": 0, "note": "send all traffic to the baseline deployment"}
     else:
         below = [r.concurrency for r in rows if r.concurrency < crossover]
-        last_win = max(below)
+        last_win = max(r.concurrency for r in wins)
         rec = (f"Speculation pays up to {last_win} concurrent request{'s' if last_win > 1 else ''}; "
                f"disable it at {crossover} and above.")
         vllm = {f"1-{crossover - 1}": num_speculative_tokens, f"{crossover}-{MAX_BATCH}": 0}
         router = {"speculative_below_concurrency": crossover,
                   "rule": f"route to the speculative deployment while fewer than {crossover} requests are in flight; "
                           f"to the baseline deployment at {crossover} and above"}
-        if any(r.ratio > 1 for r in rows if r.concurrency >= crossover) or len(wins) != len(below):
+        if len(wins) != len(below):
             notes.append("Speculation's advantage is not monotonic across levels; check the per-level verdicts.")
+    if noisy:
+        notes.append(f"Within the noise at concurrency {', '.join(map(str, noisy))}: counted as not paying there "
+                     "(speculation costs GPU work for no clear gain).")
     policies = {
         "always_off": statistics.fmean(r.baseline_tokens_per_s for r in rows),
         "always_on": statistics.fmean(r.speculative_tokens_per_s for r in rows),

@@ -48,8 +48,18 @@ async def run_concurrency_benchmark(
         "%s %s: %.1f output tok/s, TTFT p50 %.1f ms / p99 %.1f ms, ITL p50 %.2f ms, %d ok, %d failed%s%s",
         config_name, level_label(row), row["output_tokens_per_s"], row["ttft_ms_median"] or 0, row["ttft_ms_p99"] or 0,
         row["itl_ms_median"] or 0, row["completed"], row["failed"], spec,
-        " — the client was the bottleneck: use more client workers" if row["client_bottleneck"] else "",
+        _client_note(row),
     )
     if row["failed"]:
         logger.warning("%s %s: %d request(s) failed (%s)", config_name, level_label(row), row["failed"], row["errors"])
     return row
+
+
+def _client_note(row: dict[str, Any]) -> str:
+    """Why the client's figures may be off, and what to do about it."""
+    if not row.get("client_bottleneck"):
+        return ""
+    if (row.get("client_cpu_share") or 0.0) >= 0.9:
+        return " — the client was the bottleneck (its CPU was busy): use more client workers"
+    return (f" — the client's event loop was held up (lag p99 {row.get('client_loop_lag_p99_ms') or 0:.0f} ms) while "
+            "using little CPU itself: the machine is short of CPU (is the server on it too?); latencies include that wait")

@@ -75,3 +75,23 @@ def test_speculative_tokens_from_command() -> None:
     assert speculative_tokens_from_command("python -m sglang.launch_server --speculative-num-steps 5") == 5
     assert speculative_tokens_from_command("llama-server -md d --spec-draft-n-max 4") == 4
     assert speculative_tokens_from_command(None) == 3
+
+
+def test_within_noise_is_not_paying() -> None:
+    # As a tiny CPU model gives: C=1 and C=8 a few percent either way, C=4 baseline clearly faster.
+    base = levels({1: [389.9, 380.0, 395.0], 2: [449.2, 440.0, 455.0], 4: [462.9, 465.0, 461.0], 8: [571.9, 540.0, 600.0]})
+    spec = levels({1: [405.5, 370.0, 430.0], 2: [449.3, 430.0, 468.0], 4: [441.4, 439.0, 443.0], 8: [587.7, 550.0, 610.0]})
+    comp = compare_levels(base, spec)
+    assert [lv.verdict for lv in comp.levels] == ["within noise", "within noise", "baseline faster", "within noise"]
+    assert comp.crossover == 1
+    assert "does not pay at any level" in comp.recommendation and "every level" not in comp.recommendation
+    assert any("Within the noise at concurrency 1, 2, 8" in n for n in comp.notes)
+    all_noise = compare_levels(levels({1: [100, 120, 80], 4: [300, 330, 270]}), levels({1: [105, 85, 125], 4: [310, 280, 320]}))
+    assert all_noise.crossover == 1 and "no difference beyond the noise" in all_noise.recommendation
+
+
+def test_wins_that_are_not_monotonic_give_no_threshold() -> None:
+    comp = compare_levels(levels({1: [100.0], 4: [300.0], 8: [400.0]}), levels({1: [90.0], 4: [330.0], 8: [420.0]}))
+    assert comp.crossover is None
+    assert comp.recommendation.startswith("Speculation pays at 4, 8 concurrent requests but not at every level below")
+    assert any("not monotonic" in n for n in comp.notes)
