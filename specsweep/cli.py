@@ -401,7 +401,7 @@ def print_comparison(comp: Any) -> None:
     console.print(f"SGLang router: {json.dumps(comp.router)}")
     pol = comp.policy_mean_tokens_per_s
     console.print(f"mean output tok/s over the levels: always off {pol['always_off']:,.1f}, always on "
-                  f"{pol['always_on']:,.1f}, switch per level {pol['switch_per_level']:,.1f}")
+                  f"{pol['always_on']:,.1f}, as recommended (on only where it clearly pays) {pol['switch_per_level']:,.1f}")
     for note in comp.notes:
         console.print(f"note: {note}")
 

@@ -42,7 +42,8 @@ class LevelComparison(BaseModel):
     speculative_itl_ms: float | None = None
     speculative_accept_length: float | None = None
     speculative_acceptance_rate: float | None = None
-    switching_tokens_per_s: float = Field(description="Throughput if speculation were on exactly where it wins.")
+    switching_tokens_per_s: float = Field(
+        description="Throughput following the recommendation: speculation on where it clearly pays, off elsewhere.")
 
 
 class Comparison(BaseModel):
@@ -187,6 +188,8 @@ def compare_levels(
                           f"to the baseline deployment at {crossover} and above"}
         if len(wins) != len(below):
             notes.append("Speculation's advantage is not monotonic across levels; check the per-level verdicts.")
+    for r in rows:
+        r.switching_tokens_per_s = r.speculative_tokens_per_s if pays(r) else r.baseline_tokens_per_s
     if noisy:
         notes.append(f"Within the noise at concurrency {', '.join(map(str, noisy))}: counted as not paying there "
                      "(speculation costs GPU work for no clear gain).")
@@ -246,7 +249,7 @@ def comparison_markdown(comp: Comparison) -> str:
     pol = comp.policy_mean_tokens_per_s
     policies = markdown_table(["policy", "mean output tok/s over the levels"], [
         ["always off (baseline)", f(pol["always_off"])], ["always on (speculative)", f(pol["always_on"])],
-        ["switch per level", f(pol["switch_per_level"])]])
+        ["as recommended (on only where it clearly pays)", f(pol["switch_per_level"])]])
     parts = [
         f"## Speculation: {comp.speculative} vs {comp.baseline}",
         f"**{comp.recommendation}**",

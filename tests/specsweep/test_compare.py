@@ -95,3 +95,11 @@ def test_wins_that_are_not_monotonic_give_no_threshold() -> None:
     assert comp.crossover is None
     assert comp.recommendation.startswith("Speculation pays at 4, 8 concurrent requests but not at every level below")
     assert any("not monotonic" in n for n in comp.notes)
+
+
+def test_switching_follows_the_recommendation() -> None:
+    # Speculation a little ahead everywhere, but never beyond the noise: the advice is "off",
+    # and the projected throughput of following it is the baseline's.
+    comp = compare_levels(levels({1: [100, 120, 80], 4: [300, 330, 270]}), levels({1: [105, 125, 85], 4: [310, 340, 280]}))
+    assert comp.vllm_num_speculative_tokens_per_batch_size == {"1-4096": 0}
+    assert comp.policy_mean_tokens_per_s["switch_per_level"] == comp.policy_mean_tokens_per_s["always_off"]
