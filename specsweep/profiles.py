@@ -48,6 +48,11 @@ class ProfileParams(BaseModel):
         default_factory=dict,
         description="Extra environment variables, e.g. CUDA_VISIBLE_DEVICES or NCCL_* tuning.",
     )
+    env_secrets: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment variables whose values are read from Prefect Secret blocks when a flow runs, "
+        "e.g. {\"HF_TOKEN\": \"hf-token\"} (variable: block name): the value never becomes a parameter.",
+    )
     cwd: str | None = Field(None, description="Working directory on the host; default the login directory.")
     host: str = Field("127.0.0.1", description="Address the server binds to ({host} in argv).", min_length=1)
     port: int = Field(30000, ge=1, le=65535, description="TCP port the server listens on ({port} in argv).")
@@ -99,6 +104,18 @@ class ProfileParams(BaseModel):
                 raise ValueError(f"environment variable name {key!r} is not valid: use letters, digits and _")
             if key == MARKER_ENV:
                 raise ValueError(f"{MARKER_ENV} is set by specsweep itself")
+        return env
+
+    @field_validator("env_secrets")
+    @classmethod
+    def _env_secrets(cls, env: dict[str, str]) -> dict[str, str]:
+        import re
+
+        for key, block in env.items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                raise ValueError(f"environment variable name {key!r} is not valid: use letters, digits and _")
+            if not block.strip():
+                raise ValueError(f"{key}: give the name of the Secret block that holds its value")
         return env
 
     @field_validator("cleanup_patterns")
@@ -175,6 +192,7 @@ class ServerProfile(ProfileParams):
                 *(s for s in [self.api_key.get_secret_value() if self.api_key else None] if s),
                 *secrets_in_argv(argv),
                 *secrets_in_env(self.env),
+                *(self.env[k] for k in self.env_secrets if self.env.get(k)),
             ]
         )
 

@@ -25,6 +25,9 @@ class SGLangSettings(BaseModel):
     python: str = Field("python", description="Python interpreter on the host that has sglang installed.")
     extra_args: list[str] = Field(default_factory=list, description="More launch arguments, one per item.")
     env: dict[str, str] = Field(default_factory=dict, description="Environment, e.g. CUDA_VISIBLE_DEVICES, NCCL_* tuning.")
+    env_secrets: dict[str, str] = Field(
+        default_factory=dict, description="Environment read from Prefect Secret blocks: {\"HF_TOKEN\": \"hf-token\"}."
+    )
     simulate: bool = Field(False, description="Rehearse against specsweep's SGLang simulator instead of a real SGLang.")
     sim_profile: str = Field("kimi-k2.5-int4-8x-rtx-pro-6000", description="Simulator performance profile.")
 
@@ -34,10 +37,12 @@ class SGLangSettings(BaseModel):
         common = dict(tp=self.tp, port=self.port, host=self.bind_host, python=self.python, extra_args=self.extra_args,
                       env=self.env, simulate=self.simulate, sim_profile=self.sim_profile)
         if kind == "baseline":
-            return sglang_baseline(self.model_path, name="sglang-baseline" if not self.simulate else "sim-baseline", **common)  # type: ignore[arg-type]
-        return sglang_eagle3(self.model_path, self.draft_model_path, num_steps=self.num_steps, eagle_topk=self.eagle_topk,
-                             num_draft_tokens=self.num_draft_tokens,
-                             name="sglang-eagle3" if not self.simulate else "sim-eagle3", **common)  # type: ignore[arg-type]
+            profile = sglang_baseline(self.model_path, name="sglang-baseline" if not self.simulate else "sim-baseline", **common)  # type: ignore[arg-type]
+        else:
+            profile = sglang_eagle3(self.model_path, self.draft_model_path, num_steps=self.num_steps,
+                                    eagle_topk=self.eagle_topk, num_draft_tokens=self.num_draft_tokens,
+                                    name="sglang-eagle3" if not self.simulate else "sim-eagle3", **common)  # type: ignore[arg-type]
+        return profile.model_copy(update={"env_secrets": dict(self.env_secrets)})
 
 
 class LlamaCppSettings(BaseModel):

@@ -97,9 +97,11 @@ async def aresolve_secret(name: str | None, field: str = "api_key_secret") -> st
 
 
 async def aresolve_profile(profile: ProfileParams, field: str = "profile") -> ServerProfile:
-    """The profile with its API key read from the Secret block it names."""
+    """The profile with its API key and secret environment read from the Secret blocks it names."""
     key = await aresolve_secret(profile.api_key_secret, f"{field}.api_key_secret")
     data = profile.model_dump()
     if key:
         data["api_key"] = SecretStr(key)
+    for var, block in profile.env_secrets.items():
+        data["env"][var] = await aresolve_secret(block, f"{field}.env_secrets.{var}")
     return ServerProfile.model_validate(data)

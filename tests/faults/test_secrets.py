@@ -12,8 +12,9 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 
 from flows.benchmark_config import benchmark_config
+from flows.server_lifecycle import server_lifecycle
 from specsweep.presets import sglang_baseline
-from tests.conftest import pids_with_marker
+from tests.conftest import pids_with_marker, toy_profile
 from tests.helpers.logs import flow_logs
 from tests.helpers.sshd import SSHServer, free_port
 from tests.tasks.test_blocks import make_block
@@ -89,3 +90,22 @@ async def test_a_key_given_as_a_flow_parameter_is_refused_before_anything_runs(t
     assert "api_key_secret" in state.message  # type: ignore[operator]
     assert API_KEY not in state.message  # type: ignore[operator]
     assert not (tmp_path / "results").exists() and pids_with_marker(port) == []
+
+
+async def test_secret_environment_reaches_the_server_and_nowhere_else(tmp_path: Path) -> None:
+    token = "hf_secret_token_do_not_leak_77"
+    await Secret(value=token).save("hf-token", overwrite=True)  # type: ignore[call-arg]
+    port = free_port()
+    # The toy server echoes the variable into its log at start, as servers that print their
+    # configuration do; that line is forwarded into the run log.
+    profile = toy_profile(tmp_path, "--print-env", "HF_TOKEN", port=port, env_secrets={"HF_TOKEN": "hf-token"})
+    state = await server_lifecycle(profile=profile.as_parameters(), return_state=True)  # type: ignore[arg-type]
+    assert state.is_completed(), state.message
+    assert f"HF_TOKEN={token}" in Path(profile.resolved_log_path).read_text()  # the server had it
+    logs = await flow_logs(state.state_details.flow_run_id)
+    assert any("[server] HF_TOKEN=" in m for m in logs)
+    async with get_client() as client:
+        run = await client.read_flow_run(state.state_details.flow_run_id)
+    assert run.parameters["profile"]["env_secrets"] == {"HF_TOKEN": "hf-token"}
+    assert token not in str(run.parameters) and not any(token in m for m in logs)
+    assert pids_with_marker(port) == []

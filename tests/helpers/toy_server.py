@@ -30,10 +30,13 @@ def main() -> None:
     ap.add_argument("--argv-file", default=None)
     ap.add_argument("--health-status", type=int, default=200)
     ap.add_argument("--api-key", default=None)
+    ap.add_argument("--print-env", default=None, metavar="VAR", help="print VAR=value at start (as servers that echo their config)")
     ap.add_argument("rest", nargs="*")
     args = ap.parse_args()
 
     print(f"toy server pid {os.getpid()} starting: {' '.join(sys.argv)}", flush=True)
+    if args.print_env:
+        print(f"{args.print_env}={os.environ.get(args.print_env, '')}", flush=True)
     if args.argv_file:
         with open(args.argv_file, "w") as f:
             json.dump({"argv": sys.argv, "env_marker": os.environ.get("SPECSWEEP_SERVER_PORT")}, f)
