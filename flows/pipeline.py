@@ -15,6 +15,7 @@ import logging
 import re
 import socket
 import time
+from uuid import UUID
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -22,9 +23,10 @@ from typing import Any
 from prefect import get_run_logger
 from prefect.artifacts import acreate_progress_artifact, aupdate_progress_artifact
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, VariableCreate
 from prefect.client.schemas.objects import FlowRun, State
 from prefect.concurrency.asyncio import concurrency
+from prefect.concurrency.context import ConcurrencyContext
 from prefect.context import get_run_context
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 from pydantic import BaseModel, SecretStr, ValidationError
@@ -81,14 +83,63 @@ async def host_lock(host: HostConfig) -> AsyncIterator[None]:
     t0 = time.monotonic()
     # The slot is a lease renewed while the run lives: a run killed outright (no chance to
     # release it) blocks the host only until its lease runs out.
+    flow_run = get_run_context().flow_run  # type: ignore[union-attr]
     try:
         async with concurrency(name, occupy=1, strict=True, lease_duration=LOCK_LEASE_S):
             announcer.cancel()
             logger.info("holding host %s (waited %.1f s); other runs on it wait until this one ends", host.label,
                         time.monotonic() - t0)
-            yield
+            recorded = await _record_lease(flow_run.id if flow_run else None)
+            try:
+                yield
+            finally:
+                if recorded:
+                    await _forget_lease(recorded)
     finally:
         announcer.cancel()
+
+
+def lease_variable(flow_run_id: object) -> str:
+    return f"specsweep-lease-{flow_run_id}"
+
+
+async def _record_lease(flow_run_id: object) -> str | None:
+    """Note the host lock's lease where the crash and cancellation hooks (another process) can
+    find it, so that a run killed outright frees its host at once rather than when the lease
+    runs out."""
+    ctx = ConcurrencyContext.get()
+    if flow_run_id is None or ctx is None or not ctx.cleanup_lease_ids:
+        return None
+    name = lease_variable(flow_run_id)
+    async with get_client() as client:
+        existing = await client.read_variable_by_name(name)
+        if existing is not None:
+            await client.delete_variable_by_name(name)
+        await client.create_variable(VariableCreate(name=name, value=str(ctx.cleanup_lease_ids[-1])))
+    return name
+
+
+async def _forget_lease(name: str) -> None:
+    try:
+        async with get_client() as client:
+            await client.delete_variable_by_name(name)
+    except Exception:  # noqa: BLE001 - the lease itself was released; this is bookkeeping
+        pass
+
+
+def release_recorded_lease(flow_run_id: object) -> bool:
+    """From a hook: release the host lock a killed flow run still holds. True if there was one."""
+    name = lease_variable(flow_run_id)
+    with get_client(sync_client=True) as client:
+        variable = client.read_variable_by_name(name)
+        if variable is None:
+            return False
+        try:
+            client.release_concurrency_slots_with_lease(UUID(str(variable.value)))
+        except Exception:  # noqa: BLE001 - already expired or released
+            pass
+        client.delete_variable_by_name(name)
+    return True
 
 
 async def resolve_request(request: RequestParams) -> RequestOptions:
@@ -299,5 +350,13 @@ def cleanup_hook(profiles_from: Callable[[dict[str, Any]], list[ServerProfile]])
                 log.warning("cleanup after %s (%s): %s", flow_run.name, state.name, report.summary())
             except Exception as exc:  # noqa: BLE001
                 log.error("cleanup of %s after %s failed: %s", profile.name, flow_run.name, exc)
+        # Only once the servers are gone may another run have the host.
+        try:
+            if release_recorded_lease(flow_run.id):
+                log.warning("cleanup after %s (%s): released its hold on host %s", flow_run.name, state.name,
+                            host.label)
+        except Exception as exc:  # noqa: BLE001
+            log.error("cleanup after %s: could not release its host lock (%s); it frees itself within %.0f s",
+                      flow_run.name, exc, LOCK_LEASE_S)
 
     return hook
