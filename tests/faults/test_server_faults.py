@@ -66,7 +66,8 @@ async def test_server_fault(name: str, tmp_path: Path) -> None:
     port = free_port()
     profile = sglang_baseline("/models/kimi", host="127.0.0.1", port=port, simulate=True, sim_profile="tiny-fast",
                               sim_startup_s=0.3, extra_args=case.flags)
-    profile = profile.model_copy(update={"startup_timeout_s": case.startup_timeout_s, "log_path": str(tmp_path / "server.log")})
+    profile = profile.model_copy(update={"startup_timeout_s": case.startup_timeout_s, "log_path": str(tmp_path / "server.log"),
+                                         "kill_grace_s": 2.0})
     results = tmp_path / "results"
     sweep = {"concurrency": [1, 2], "num_requests": 4, "warmup_requests": 1, **case.sweep}
     t0 = time.monotonic()
