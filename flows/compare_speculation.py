@@ -11,7 +11,8 @@ from typing import Any
 from prefect import flow, get_run_logger
 from pydantic import BaseModel
 
-from flows.pipeline import ConfigurationResult, cleanup_hook, host_lock, run_configuration
+from flows.host_lock import host_lock
+from flows.pipeline import ConfigurationResult, cleanup_hook, run_configuration
 from specsweep.bench.config import RequestParams, SweepConfig, WorkloadConfig
 from specsweep.compare import Comparison
 from specsweep.hosts.config import HostConfig

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, LogFilter, LogFilterFlowRunId
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from specsweep.store import ResultsStore
 from tests.conftest import pids_with_marker
+from tests.helpers.logs import read_all_logs
 from tests.helpers.prefect_server import PREFECT, REPO, postgres, prefect_cli, prefect_server
 from tests.helpers.sshd import free_port
 
@@ -96,10 +97,15 @@ async def test_run_with_custom_parameters_completes_with_artifacts_and_logs(depl
     assert done.state.is_completed(), done.state  # type: ignore[attr-defined]
     async with get_client() as client:
         arts = await client.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
-        logs = await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
+        # The flow process sends its logs in batches, the last ones as it exits, which can be
+        # after the run is marked Completed: read until the run's last words are there.
+        for _ in range(60):
+            text = "\n".join(await read_all_logs(client, run.id))
+            if "plots and report: " in text:
+                break
+            await asyncio.sleep(0.5)
     keys = {a.key for a in arts}
     assert {"speculation-comparison", "sim-baseline-levels", "sim-eagle3-levels"} <= keys
-    text = "\n".join(log.message for log in logs)
     # The recommendation itself depends on timing on a busy 2-core machine; that it is there does not.
     assert "comparison: Speculation" in text and "crossover: " in text and "plots and report: " in text
     assert "[server] " in text and "health attempt" in text
@@ -130,8 +136,7 @@ async def test_two_runs_on_one_host_do_not_overlap(deployed: dict[str, str], tmp
     async with get_client() as client:
         texts = []
         for run in runs:
-            logs = await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run.id])))
-            texts.append("\n".join(log.message for log in logs))
+            texts.append("\n".join(await read_all_logs(client, run.id)))
     assert any("waiting for host local: another benchmark is running on it" in t for t in texts)
 
 

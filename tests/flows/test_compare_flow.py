@@ -190,7 +190,7 @@ async def test_flow_process_killed_outright_the_crash_hook_kills_the_server(tmp_
 
 async def assert_host_given_back() -> None:
     """The hooks gave the host back: the next run need not wait for the lease to run out."""
-    from flows.pipeline import lock_name
+    from flows.host_lock import lock_name
     from specsweep.hosts.config import HostConfig
 
     deadline = asyncio.get_running_loop().time() + 20

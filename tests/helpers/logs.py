@@ -2,22 +2,36 @@
 
 from __future__ import annotations
 
-from prefect.client.orchestration import get_client
+import asyncio
+from typing import Any
+
+from prefect.client.orchestration import PrefectClient, get_client
 from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+PAGE = 200  # the API's default page size
+
+
+async def read_all_logs(client: PrefectClient, flow_run_id: Any) -> list[str]:
+    """Every log message of a flow run and its task runs, oldest first, page by page."""
+    messages: list[str] = []
+    while True:
+        page = await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
+                                      limit=PAGE, offset=len(messages))
+        messages.extend(log.message for log in page)
+        if len(page) < PAGE:
+            return messages
 
 
 async def flow_logs(flow_run_id: object, until: str = "Finished in state") -> list[str]:
-    """The run's logs as the UI shows them (written to the API in batches, so poll a little)."""
-    import asyncio
-
+    """The run's logs (written to the API in batches, the last ones as the flow process exits,
+    which can be after the run's final state: poll a little for ``until``)."""
     from prefect.logging.handlers import APILogHandler
 
     messages: list[str] = []
-    for _ in range(40):
+    for _ in range(60):
         await APILogHandler.aflush()
         async with get_client() as client:
-            logs = await client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))  # type: ignore[list-item]
-        messages = [log.message for log in logs]
+            messages = await read_all_logs(client, flow_run_id)
         if any(until in m for m in messages):
             break
         await asyncio.sleep(0.25)

@@ -100,7 +100,6 @@ def test_launcher_health_is_refused_then_loading_then_ok(tmp_path) -> None:  # t
     """As llama-server: connection refused, then 503 "Loading model", then 200 {"status":"ok"}; SIGTERM exits 0."""
     import signal
     import subprocess
-    import sys
     import time
 
     profile = baseline_profile(port=free_port(), parallel=1, ctx=512)
