@@ -237,8 +237,7 @@ def cleanup_hook(profiles_from: Callable[[dict[str, Any]], list[ServerProfile]])
             log.info("cleanup of flow run %s: its parameters were refused, so no server was started", flow_run.id)
             return
         except Exception as exc:  # noqa: BLE001 - a hook must not raise
-            log.error("cleanup of flow run %s: cannot rebuild its servers from the parameters: %s", flow_run.id,
-                      type(exc).__name__)
+            log.error("cleanup of flow run %s: cannot rebuild its servers from the parameters: %s", flow_run.id, exc)
             return
         for profile in profiles:
             try:

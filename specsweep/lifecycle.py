@@ -213,8 +213,9 @@ def kill_server(
             host.signal_pids(sorted(late), signal.SIGKILL)
 
     if not found and host.port_listening(profile.port):
-        # Nothing of this server ran, yet the port is taken: by something else, which is not
-        # ours to kill unasked. start_server refuses it, naming it, unless told to kill it.
+        # Nothing was found to kill, yet the port is taken: by a process this kill must spare
+        # (its own process tree) or cannot see (another user's). start_server refuses the port,
+        # naming the holder.
         log.warning("port %d on %s is held by a process that is not this server's: %s",
                     profile.port, host.label, describe_port_holders(host, profile.port, redact))
         port_free, foreign = False, True
