@@ -94,7 +94,7 @@ class ProfileParams(BaseModel):
             raise ValueError("argv[0] must be a program, not NAME=VALUE: put environment variables in env")
         return argv
 
-    @field_validator("env")
+    @field_validator("env", "env_secrets")
     @classmethod
     def _env(cls, env: dict[str, str]) -> dict[str, str]:
         import re
@@ -104,18 +104,6 @@ class ProfileParams(BaseModel):
                 raise ValueError(f"environment variable name {key!r} is not valid: use letters, digits and _")
             if key == MARKER_ENV:
                 raise ValueError(f"{MARKER_ENV} is set by specsweep itself")
-        return env
-
-    @field_validator("env_secrets")
-    @classmethod
-    def _env_secrets(cls, env: dict[str, str]) -> dict[str, str]:
-        import re
-
-        for key, block in env.items():
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-                raise ValueError(f"environment variable name {key!r} is not valid: use letters, digits and _")
-            if not block.strip():
-                raise ValueError(f"{key}: give the name of the Secret block that holds its value")
         return env
 
     @field_validator("cleanup_patterns")
