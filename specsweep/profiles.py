@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from specsweep.errors import ConfigError
-from specsweep.redact import Redactor, mask_argv, mask_env, secrets_in_argv, secrets_in_env
+from specsweep.redact import Redactor, mask_argv, mask_env, refuse_key_parameter, secrets_in_argv, secrets_in_env
 
 Engine = Literal["sglang", "vllm", "llamacpp", "custom"]
 
@@ -130,14 +130,7 @@ class ProfileParams(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _no_key_in_parameters(cls, data: Any) -> Any:
-        if cls is ProfileParams and isinstance(data, dict) and "api_key" in data:
-            if not data["api_key"]:  # a profile written out without a key
-                return {k: v for k, v in data.items() if k != "api_key"}
-            raise ValueError(
-                "api_key is not accepted in a flow's profile: a parameter shows in the Prefect UI. Store the key "
-                "in a Secret block and give its name in api_key_secret"
-            )
-        return data
+        return refuse_key_parameter(data, "a flow's profile") if cls is ProfileParams else data
 
 
 class ServerProfile(ProfileParams):

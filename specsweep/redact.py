@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 MASK = "***"
 
@@ -130,3 +131,17 @@ class RedactingLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
         if self.isEnabledFor(level):
             text = str(msg) % args if args else str(msg)
             self.logger.log(level, self.redactor(text), **kwargs)
+
+
+def refuse_key_parameter(data: Any, where: str) -> Any:
+    """For the ``mode="before"`` validator of a model that flows take as a parameter: an
+    ``api_key`` in it would show in the Prefect UI, so it is refused (an empty one, as a
+    model written out without its key has, is dropped)."""
+    if not isinstance(data, dict) or "api_key" not in data:
+        return data
+    if not data["api_key"]:
+        return {k: v for k, v in data.items() if k != "api_key"}
+    raise ValueError(
+        f"api_key is not accepted in {where}: a flow parameter shows in the Prefect UI. Store the key in a "
+        "Secret block (in the UI, or Secret(value=...).save(name)) and give its name in api_key_secret"
+    )

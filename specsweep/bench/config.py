@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from specsweep.redact import refuse_key_parameter
+
 Endpoint = Literal["completions", "chat", "generate"]
 
 
@@ -32,14 +34,7 @@ class RequestParams(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _no_key_in_parameters(cls, data: Any) -> Any:
-        if cls is RequestParams and isinstance(data, dict) and "api_key" in data:
-            if not data["api_key"]:  # options written out without a key
-                return {k: v for k, v in data.items() if k != "api_key"}
-            raise ValueError(
-                "api_key is not accepted here: a flow parameter shows in the Prefect UI. Store the key in a "
-                "Secret block (prefect block create secret, or the UI) and give its name in api_key_secret"
-            )
-        return data
+        return refuse_key_parameter(data, "the request options") if cls is RequestParams else data
 
 
 class RequestOptions(RequestParams):

@@ -118,15 +118,20 @@ async def test_retry_like_the_ui_reuses_finished_levels(tmp_path: Path) -> None:
     assert pids_with_marker(port) == []
 
 
-async def test_cancelled_run_leaves_no_server(tmp_path: Path) -> None:
-    port = free_port()
+def endless_level(port: int, tmp_path: Path) -> dict[str, object]:
+    """Parameters of a run whose one level goes on until it is stopped from outside."""
     base, _ = sim_profiles(port)
-    params = {
+    return {
         "profile": base.as_parameters(),
         "sweep": {"concurrency": [1], "num_requests": 100000, "warmup_requests": 1},
         "workload": {"input_len": 8, "output_len": 64},
         "results_dir": str(tmp_path / "results"),
     }
+
+
+async def test_cancelled_run_leaves_no_server(tmp_path: Path) -> None:
+    port = free_port()
+    params = endless_level(port, tmp_path)
     with serving("flows.benchmark_config", "benchmark_config", "cancel-test"):
         await wait_for_deployment("benchmark-config/cancel-test")
         run = await run_deployment("benchmark-config/cancel-test", parameters=params, timeout=0)
@@ -153,13 +158,7 @@ async def test_flow_process_killed_outright_the_crash_hook_kills_the_server(tmp_
     import signal
 
     port = free_port()
-    base, _ = sim_profiles(port)
-    params = {
-        "profile": base.as_parameters(),
-        "sweep": {"concurrency": [1], "num_requests": 100000, "warmup_requests": 1},
-        "workload": {"input_len": 8, "output_len": 64},
-        "results_dir": str(tmp_path / "results"),
-    }
+    params = endless_level(port, tmp_path)
     with serving("flows.benchmark_config", "benchmark_config", "crash-test") as runner:
         await wait_for_deployment("benchmark-config/crash-test")
         run = await run_deployment("benchmark-config/crash-test", parameters=params, timeout=0)
