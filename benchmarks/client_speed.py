@@ -26,8 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from specsweep.bench.config import RequestOptions, SweepConfig  # noqa: E402
-from specsweep.bench.runner import run_level  # noqa: E402
+from specsweep.bench.runner import Load, run_level  # noqa: E402
 from specsweep.bench.workload import Prompt  # noqa: E402
+from specsweep.records import Level  # noqa: E402
 
 
 def start_sim(profile: str, port: int) -> subprocess.Popen[bytes]:
@@ -51,14 +52,15 @@ def pct(xs: list[float], q: float) -> float:
 async def speed(requests: int, workers: list[int]) -> None:
     proc = start_sim("instant", 18411)
     url = "http://127.0.0.1:18411"
-    prompts = [Prompt("a short prompt", 3, False)]
+    prompts = (Prompt("a short prompt", 3, False),)
     print("1. speed: instant server, concurrency 64, 256-token outputs, %d requests" % requests)
     print(f"   {'workers':>7} {'streamed tok/s':>15} {'client CPU µs/token':>20} {'client CPU share':>17} {'failed':>7}")
     try:
         for w in workers:
             for rep in range(2):
                 sweep = SweepConfig(num_requests=requests, warmup_requests=64, workers=w)
-                run = await run_level(url, RequestOptions(), prompts, 256, sweep, "concurrency", 64)
+                run = await run_level(Load(url, RequestOptions(), prompts, 256, sweep), Level(index=0, mode="concurrency",
+                                                                                              value=64))
                 ok = [r for r in run.records if r.ok]
                 tokens = sum(r.output_tokens or 0 for r in ok)
                 start = min(r.sent_s for r in run.records if r.sent_s)
@@ -72,7 +74,7 @@ async def speed(requests: int, workers: list[int]) -> None:
 async def timing(requests: int) -> None:
     proc = start_sim("paced-5ms", 18412)
     url = "http://127.0.0.1:18412"
-    prompts = [Prompt("a short prompt", 3, False)]
+    prompts = (Prompt("a short prompt", 3, False),)
     print("\n2. timing error against the server's own send times (paced 5 ms per token, 64-token outputs)")
     print(f"   {'concurrency':>11} {'TTFT err median':>16} {'TTFT err p99':>13} {'ITL err median':>15} {'ITL err p99':>12}")
     try:
@@ -80,7 +82,8 @@ async def timing(requests: int) -> None:
             for conc in (1, 8, 64):
                 n = max(32, min(requests, conc * 8))
                 sweep = SweepConfig(num_requests=n, warmup_requests=4)
-                run = await run_level(url, RequestOptions(), prompts, 64, sweep, "concurrency", conc)
+                run = await run_level(Load(url, RequestOptions(), prompts, 64, sweep),
+                                      Level(index=0, mode="concurrency", value=conc))
                 ttft_err, itl_err = [], []
                 for r in run.records:
                     truth = (await client.get(url + "/sim/token_times", params={"id": r.response_id})).json()["token_times_s"]

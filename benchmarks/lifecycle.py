@@ -27,6 +27,7 @@ from specsweep.errors import ServerCrashedError  # noqa: E402
 from specsweep.health import wait_for_health  # noqa: E402
 from specsweep.hosts import LocalHost  # noqa: E402
 from specsweep.lifecycle import kill_server, start_server  # noqa: E402
+from specsweep.server_api import ServerAPI  # noqa: E402
 from tests.conftest import toy_profile  # noqa: E402
 
 
@@ -59,7 +60,8 @@ async def main() -> None:
         p = toy_profile(tmp, "--listen-after", "0.5", "--warmup", f"{warmup:.3f}", "--spawn-grandchild",
                         health_poll_max_interval_s=args.max_interval)
         h = start_server(host, p)
-        await wait_for_health(host, p, h)
+        async with ServerAPI(f"http://127.0.0.1:{p.port}") as api:
+            await wait_for_health(host, p, h, api)
         ready_lag.append(time.monotonic() - stamp(h.log_path, "ready_at_monotonic"))
         time.sleep(0.2)
         t0 = time.monotonic()
@@ -70,7 +72,8 @@ async def main() -> None:
         c = toy_profile(tmp, "--crash-after", f"{rng.uniform(0.5, 2.0):.3f}", health_poll_max_interval_s=args.max_interval)
         ch = start_server(host, c)
         try:
-            await wait_for_health(host, c, ch)
+            async with ServerAPI(f"http://127.0.0.1:{c.port}") as api:
+                await wait_for_health(host, c, ch, api)
         except ServerCrashedError:
             crash_lag.append(time.monotonic() - stamp(ch.log_path, "exit_at_monotonic"))
 

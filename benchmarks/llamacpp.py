@@ -18,12 +18,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from specsweep.bench.config import SweepConfig, WorkloadConfig  # noqa: E402
-from specsweep.bench.measure import BenchTarget, run_sweep  # noqa: E402
 from specsweep.health import wait_for_health  # noqa: E402
 from specsweep.hosts import LocalHost  # noqa: E402
 from specsweep.lifecycle import kill_server, start_server  # noqa: E402
 from specsweep.llamacpp import baseline_profile, speculative_profile  # noqa: E402
-from specsweep.store import ResultsStore, new_run_id  # noqa: E402
+from specsweep.server_api import ServerAPI  # noqa: E402
+from specsweep.store import DEFAULT_ROOT, new_run_id  # noqa: E402
+from specsweep.sweep import BenchTarget, SweepJob, measure_level, plan, run_levels  # noqa: E402
 
 
 async def main() -> None:
@@ -34,23 +35,25 @@ async def main() -> None:
     ap.add_argument("--input-len", type=int, default=16, help="prompt tokens (prefill is slow on this CPU)")
     args = ap.parse_args()
     host = LocalHost()
-    store = ResultsStore(ROOT / "data" / "results")
     table = []
     for profile in (baseline_profile(port=18480), speculative_profile(port=18480)):
         kill_server(host, profile)
         handle = start_server(host, profile)
         try:
-            ready = await wait_for_health(host, profile, handle)
-            sweep = SweepConfig(concurrency=[1, 8], num_requests=args.requests, warmup_requests=2, repeats=args.repeats)
-            rows = await run_sweep(BenchTarget(base_url=f"http://127.0.0.1:{profile.port}"),
-                                   WorkloadConfig(input_len=args.input_len, output_len=args.output_len), sweep, store=store,
-                                   run_id=new_run_id(profile.name), config_name=profile.name)
+            target = BenchTarget(base_url=f"http://127.0.0.1:{profile.port}", engine=profile.engine)
+            async with ServerAPI(target.base_url) as api:
+                ready = await wait_for_health(host, profile, handle, api)
+            job = SweepJob(run_id=new_run_id(profile.name), config_name=profile.name, results=str(DEFAULT_ROOT),
+                           workload=WorkloadConfig(input_len=args.input_len, output_len=args.output_len),
+                           sweep=SweepConfig(concurrency=[1, 8], num_requests=args.requests, warmup_requests=2,
+                                             repeats=args.repeats))
+            rows = await run_levels(plan(job.sweep), lambda lv: measure_level(target, job, lv))
         finally:
             kill_server(host, profile, handle)
         for r in rows:
-            table.append((profile.name, r["concurrency"], r["output_tokens_per_s"], r["ttft_ms_median"],
-                          r["itl_ms_median"], r["spec_acceptance_rate"], ready.time_to_ready_s))
-    print(f"{'preset':<22} {'C':>3} {'output tok/s':>13} {'TTFT p50 ms':>12} {'ITL p50 ms':>11} {'acceptance':>11} {'ready s':>8}")
+            table.append((profile.name, r.concurrency, r.output_tokens_per_s, r.ttft_ms_median, r.tpot_ms_median,
+                          r.spec_acceptance_rate, ready.time_to_ready_s))
+    print(f"{'preset':<22} {'C':>3} {'output tok/s':>13} {'TTFT p50 ms':>12} {'TPOT p50 ms':>11} {'acceptance':>11} {'ready s':>8}")
     for name, c, tps, ttft, itl, acc, ready_s in table:
         acc_s = f"{acc:.0%}" if acc is not None else "-"
         print(f"{name:<22} {c:>3} {tps:>13.1f} {ttft:>12.1f} {itl:>11.2f} {acc_s:>11} {ready_s:>8.2f}")

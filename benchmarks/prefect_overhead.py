@@ -23,7 +23,7 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId  # noq
 
 from flows.compare_speculation import compare_sglang_eagle3  # noqa: E402
 from specsweep.bench.config import SweepConfig, WorkloadConfig  # noqa: E402
-from specsweep.settings import SGLangSettings  # noqa: E402
+from specsweep.settings import BenchmarkSettings, SGLangSettings  # noqa: E402
 
 
 async def main() -> None:
@@ -31,9 +31,9 @@ async def main() -> None:
                               bind_host="127.0.0.1", simulate=True, sim_profile="tiny-fast", python=sys.executable)
     results = tempfile.mkdtemp(prefix="specsweep-overhead-")
     t0 = time.monotonic()
-    state = await compare_sglang_eagle3(sglang=settings, workload=WorkloadConfig(input_len=16, output_len=64),
-                                        sweep=SweepConfig(concurrency=[1, 4, 16], num_requests=24, repeats=2),
-                                        results_dir=results, return_state=True)
+    benchmark = BenchmarkSettings(workload=WorkloadConfig(input_len=16, output_len=64), results=results,
+                                  sweep=SweepConfig(concurrency=[1, 4, 16], num_requests=24, repeats=2))
+    state = await compare_sglang_eagle3(sglang=settings, benchmark=benchmark, return_state=True)
     wall = time.monotonic() - t0
     flow_run_id = state.state_details.flow_run_id
     async with get_client() as client:

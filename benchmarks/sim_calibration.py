@@ -23,8 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from specsweep.bench.config import SweepConfig, WorkloadConfig  # noqa: E402
-from specsweep.bench.measure import BenchTarget, measure_level  # noqa: E402
-from specsweep.store import ResultsStore, new_run_id  # noqa: E402
+from specsweep.records import Level  # noqa: E402
+from specsweep.store import DEFAULT_ROOT, new_run_id  # noqa: E402
+from specsweep.sweep import BenchTarget, SweepJob, measure_level  # noqa: E402
 
 LEVELS = [1, 2, 4, 8, 16, 32, 64, 80, 128]
 PUBLISHED = {("baseline", 1): 92.6, ("baseline", 128): 773.0, ("eagle3", 1): 96.1, ("eagle3", 80): 347.0,
@@ -49,12 +50,12 @@ async def sweep(spec: bool, requests: int, port: int) -> dict[int, float]:
         for i, c in enumerate(LEVELS):
             # Enough requests for a steady state at each level: several rounds of the batch.
             n = max(requests, 3 * c)
-            row = await measure_level(
-                BenchTarget(base_url=f"http://127.0.0.1:{port}"), WorkloadConfig(input_len=128, output_len=64),
-                SweepConfig(num_requests=n, warmup_requests=min(c, 16)), store=ResultsStore(ROOT / "data" / "results"),
-                run_id=run_id, config_name="sim-eagle3" if spec else "sim-baseline", level_index=i,
-                mode="concurrency", value=c)
-            out[c] = row["output_tokens_per_s"]
+            job = SweepJob(run_id=run_id, config_name="sim-eagle3" if spec else "sim-baseline", results=str(DEFAULT_ROOT),
+                           workload=WorkloadConfig(input_len=128, output_len=64),
+                           sweep=SweepConfig(num_requests=n, warmup_requests=min(c, 16)))
+            row = await measure_level(BenchTarget(base_url=f"http://127.0.0.1:{port}", engine="sglang"), job,
+                                      Level(index=i, mode="concurrency", value=c))
+            out[c] = row.output_tokens_per_s
         return out
     finally:
         proc.terminate()

@@ -11,13 +11,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prefect import serve  # noqa: E402
+from prefect.deployments.runner import RunnerDeployment  # noqa: E402
 from prefect.schedules import Cron  # noqa: E402
 
-from flows.baseline_benchmark import baseline_benchmark  # noqa: E402
 from flows.benchmark_config import benchmark_config  # noqa: E402
 from flows.compare_speculation import compare_local_llamacpp, compare_sglang_eagle3, compare_speculation  # noqa: E402
-from flows.eagle3_benchmark import eagle3_benchmark  # noqa: E402
-from specsweep.bench.config import SweepConfig  # noqa: E402
+from flows.sglang_benchmarks import baseline_benchmark, eagle3_benchmark  # noqa: E402
 from specsweep.presets import sglang_baseline, sglang_eagle3  # noqa: E402
 
 MODEL, DRAFT = "moonshotai/Kimi-K2.5", "lightseekorg/kimi-k2.5-eagle3"
@@ -27,11 +26,9 @@ def nightly() -> Cron:
     return Cron("0 3 * * *", timezone="UTC", active=False)
 
 
-def deployments() -> list:  # type: ignore[type-arg]
+def deployments() -> list[RunnerDeployment]:
     return [
-        compare_local_llamacpp.to_deployment(
-            "local", tags=["specsweep", "local"], schedules=[nightly()],
-            parameters={"sweep": SweepConfig(concurrency=[1, 2, 4, 8], num_requests=12, repeats=2).model_dump()}),
+        compare_local_llamacpp.to_deployment("local", tags=["specsweep", "local"], schedules=[nightly()]),
         compare_sglang_eagle3.to_deployment("sglang", tags=["specsweep", "sglang"], schedules=[nightly()]),
         compare_speculation.to_deployment(
             "profiles", tags=["specsweep"], schedules=[nightly()],

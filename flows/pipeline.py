@@ -1,237 +1,212 @@
-"""The stages every benchmark flow runs, in order, inside the calling flow run.
+"""What every benchmark flow does, in the order the design card draws it:
 
-These are plain async functions, not subflows: their tasks belong to the calling flow
-run, so retrying that run reuses every finished level (persisted results, default cache
-policy) whichever configuration it belonged to.
+    parameters → host → server → load → records → Parquet → comparison → artifacts
 
-    kill_server (leftovers) → start_server → wait_for_health → fingerprint
-      → run_concurrency_benchmark per level (and repeat) → kill_server
+``measure_configurations`` holds the host (lock and connection) and runs each profile
+through ``measure_configuration``: kill leftovers → start → wait (``served``) →
+``run_concurrency_benchmark`` per level (the core's sweep engine) → the final kill. These
+are plain async functions, not subflows: their tasks belong to the calling flow run, so
+retrying that run reuses every finished level (persisted results, cached by inputs).
+
+``benchmark_flow`` declares a flow with the cleanup hooks every benchmark flow has.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
-from prefect import get_run_logger
+from prefect import Flow, flow, get_run_logger
 from prefect.artifacts import acreate_progress_artifact, aupdate_progress_artifact
 from prefect.client.schemas.objects import FlowRun, State
 from prefect.context import get_run_context
+from prefect.logging.loggers import flow_run_logger
 from pydantic import BaseModel, SecretStr, ValidationError
 
 from flows.host_lock import LOCK_LEASE_S, host_lock, release_recorded_lease
 from specsweep import lifecycle
-from specsweep.bench.config import RequestOptions, RequestParams, SweepConfig, WorkloadConfig
-from specsweep.bench.measure import BenchTarget, merge_repeats, run_row, saturated
+from specsweep.bench.config import RequestOptions, RequestParams
 from specsweep.bench.workload import check_source
-from specsweep.errors import ServerCrashedError
-from specsweep.health import LOG_TAIL_LINES
-from specsweep.hosts.config import HostConfig, build_host
+from specsweep.compare import Comparison
+from specsweep.hosts import Host, HostConfig, open_host
 from specsweep.profiles import ProfileParams, ServerProfile
-from specsweep.report import level_label
-from specsweep.stages import LifecycleOptions
-from specsweep.store import ResultsStore, now_iso
+from specsweep.records import LevelRow
+from specsweep.settings import BenchmarkSettings
+from specsweep.store import ResultsStore
+from specsweep.sweep import RunRecorder, SweepJob, finished_run, new_run_row, plan, run_levels
 from tasks.benchmark import run_concurrency_benchmark
-from tasks.blocks import aresolve_profile, aresolve_secret
-from tasks.results import artifact_key, fingerprint_environment, publish_configuration
-from tasks.server import kill_server, start_server, wait_for_health
-
-
-async def resolve_request(request: RequestParams) -> RequestOptions:
-    """The request options with the API key read from its Secret block, if one is named."""
-    options = request if isinstance(request, RequestOptions) else RequestOptions.model_validate(request.model_dump())
-    key = await aresolve_secret(request.api_key_secret, "request.api_key_secret")
-    return options.model_copy(update={"api_key": SecretStr(key)}) if key else options
+from tasks.blocks import aresolve_profile, aresolve_secret, resolve_host
+from tasks.results import artifact_key, compare_configurations, fingerprint_environment, publish_configuration
+from tasks.server import served
+from tasks.storage import ResultsLocation, aresolve_results, result_storage
 
 
 class ConfigurationResult(BaseModel):
     config_name: str
     run_id: str
-    levels: list[dict[str, Any]]
+    levels: list[LevelRow]
     time_to_ready_s: float | None
+
+
+@dataclass
+class Prepared:
+    """The benchmark settings with what they name read: the API key, the results location."""
+
+    settings: BenchmarkSettings
+    request: RequestOptions
+    results: ResultsLocation
+    store: ResultsStore
+
+
+async def prepare(benchmark: BenchmarkSettings, profiles: list[ProfileParams]) -> tuple[Prepared, list[ServerProfile]]:
+    """Everything a run needs before it touches a host: secrets read, results writable, prompts readable.
+    Anything missing is refused here, naming the field."""
+    request = await _resolve_request(benchmark.request)
+    servers = [await aresolve_profile(p, f"profiles[{i}]" if len(profiles) > 1 else "profile")
+               for i, p in enumerate(profiles)]
+    results = await aresolve_results(benchmark.results, benchmark.results_block)
+    store = ResultsStore(results.url, results.storage_options())
+    store.check_writable()
+    check_source(benchmark.workload)
+    return Prepared(benchmark, request, results, store), servers
+
+
+async def _resolve_request(request: RequestParams) -> RequestOptions:
+    options = request if isinstance(request, RequestOptions) else RequestOptions.model_validate(request.model_dump())
+    key = await aresolve_secret(request.api_key_secret, "benchmark.request.api_key_secret")
+    return options.model_copy(update={"api_key": SecretStr(key)}) if key else options
+
+
+@asynccontextmanager
+async def opened(config: HostConfig) -> AsyncIterator[Host]:
+    """The run's one connection to its host."""
+    host = open_host(config, get_run_logger())
+    try:
+        yield host
+    finally:
+        await asyncio.to_thread(host.close)
+
+
+async def measure_configurations(profiles: list[ProfileParams], host_config: HostConfig,
+                                 benchmark: BenchmarkSettings) -> list[ConfigurationResult]:
+    """Each configuration in turn on one host, holding its lock from the first kill to the last."""
+    prepared, servers = await prepare(benchmark, profiles)
+    async with host_lock(host_config), opened(host_config) as host:
+        return [await measure_configuration(profile, host, host_config, prepared) for profile in servers]
+
+
+async def measure_configuration(profile: ServerProfile, host: Host, host_config: HostConfig,
+                                prepared: Prepared) -> ConfigurationResult:
+    """One configuration: kill leftovers → start → wait → every level → kill."""
+    logger = get_run_logger()
+    settings, store = prepared.settings, prepared.store
+    job = SweepJob(run_id=run_id_for(profile), config_name=profile.name, results=prepared.results.url,
+                   storage=prepared.results.storage_options(), workload=settings.workload, sweep=settings.sweep)
+    if (done := finished_run(store, job.run_id)) is not None:
+        # A retry of this flow run: this configuration finished in an earlier try. Its
+        # results are kept, and its server is not started again for nothing.
+        logger.info("%s finished in an earlier try of this flow run (run id %s): keeping its %d level(s)",
+                    profile.name, job.run_id, len(done))
+        return ConfigurationResult(config_name=profile.name, run_id=job.run_id, levels=done,
+                                   time_to_ready_s=store.run(job.run_id).time_to_ready_s)
+    levels = plan(settings.sweep)
+    logger.info("%s: %d level(s) on %s; run id %s", profile.name, len(levels), host.label, job.run_id)
+    request = prepared.request if prepared.request.api_key or not profile.api_key else \
+        prepared.request.model_copy(update={"api_key": profile.api_key})
+    base_url = host_config.http_url(profile.port)
+    row = new_run_row(config_name=profile.name, engine=profile.engine, job=job, host=host.label, base_url=base_url,
+                      command=profile.masked_command(), flow_run_id=str(_flow_run().id))
+    with RunRecorder(store, job.run_id, row) as record:
+        async with served(host, profile, settings.stages, request, base_url) as server:
+            record.record_fingerprint(await fingerprint_environment(host, server.target))
+            record.update(time_to_ready_s=server.ready.time_to_ready_s)
+            bench = run_concurrency_benchmark.with_options(**settings.stages.benchmark.task_options(),
+                                                           result_storage=await result_storage(prepared.results))
+            rows = await run_levels(
+                levels, lambda level: bench(server.target, job, level), stop_at_saturation=settings.sweep.stop_at_saturation,
+                check_server=server.check, on_level=await progress_bar(profile.name),
+                on_saturation=lambda: logger.info("%s: throughput stopped rising for two levels while latency grew: "
+                                                  "stopping the sweep", profile.name))
+    await publish_configuration(job, host.label, rows)
+    return ConfigurationResult(config_name=profile.name, run_id=job.run_id, levels=rows,
+                               time_to_ready_s=server.ready.time_to_ready_s)
+
+
+async def progress_bar(name: str) -> Callable[[LevelRow, int, int], Awaitable[None]]:
+    """A progress artifact for one configuration, and the hook that moves it after each level."""
+    progress = await acreate_progress_artifact(0.0, key=artifact_key(name, "progress"), description=f"{name}: levels done")
+
+    async def advance(_row: LevelRow, done: int, total: int) -> None:
+        await aupdate_progress_artifact(progress, 100.0 * done / total, description=f"{name}: {done}/{total} levels done")
+
+    return advance
+
+
+def _flow_run() -> FlowRun:
+    flow_run = get_run_context().flow_run  # type: ignore[union-attr]
+    assert flow_run is not None, "a benchmark runs inside a flow run"
+    return flow_run
 
 
 def run_id_for(profile: ServerProfile) -> str:
     """The same id on every retry of a flow run (so cached levels line up), a new one per flow run."""
-    ctx = get_run_context()
-    flow_run = ctx.flow_run  # type: ignore[union-attr]
-    assert flow_run is not None
+    flow_run = _flow_run()
     created = flow_run.created or flow_run.expected_start_time
     stamp = created.strftime("%Y%m%dT%H%M%SZ") if created else "run"
     return f"{stamp}-{profile.name}-{flow_run.id.hex[:8]}"
 
 
-async def run_configuration(
-    profile: ProfileParams,
-    host: HostConfig,
-    workload: WorkloadConfig,
-    sweep: SweepConfig,
-    request: RequestParams,
-    stages: LifecycleOptions,
-    results_dir: str,
-    *,
-    lock: bool = True,
-) -> ConfigurationResult:
-    """One configuration through the pipeline; with ``lock``, holding the host's lock throughout."""
-    if lock:
-        async with host_lock(host):
-            return await run_configuration(profile, host, workload, sweep, request, stages, results_dir, lock=False)
-    logger = get_run_logger()
-    request = await resolve_request(request)
-    profile = await aresolve_profile(profile)
-    store = ResultsStore(results_dir)
-    store.check_writable()  # before anything touches the host
-    check_source(workload)  # a bad prompts file is refused before a server starts
-    run_id = run_id_for(profile)
-    flow_run_id = str(get_run_context().flow_run.id)  # type: ignore[union-attr]
-    request = request if request.api_key or not profile.api_key else request.model_copy(update={"api_key": profile.api_key})
-    target = BenchTarget(base_url=f"http://{host.address}:{profile.port}", request=request)
-    kill = kill_server.with_options(**stages.kill.task_options())
-    started = now_iso()
-    meta: dict[str, Any] = dict(config_name=profile.name, engine=profile.engine, base_url=target.base_url,
-                                workload=workload, sweep=sweep, started_at=started, command=profile.masked_command(),
-                                host=host.label, flow_run_id=flow_run_id)
-    levels = sweep.levels()
-    total = len(levels) * sweep.repeats
-    done_before = _finished_earlier(store, run_id)
-    if done_before is not None:
-        # A retry of this flow run: this configuration finished in an earlier try. Its
-        # results are kept, and its server is not started again for nothing.
-        logger.info("%s finished in an earlier try of this flow run (run id %s): keeping its %d level(s)",
-                    profile.name, run_id, len(done_before.levels))
-        return done_before
-    logger.info("%s: %d level(s) × %d repeat(s) on %s; run id %s", profile.name, len(levels), sweep.repeats, host.label, run_id)
-    await kill(host, profile)
-    handle = None
-    status, error, ready_s, fp = "failed", None, None, {}
-    rows: list[dict[str, Any]] = []
-    try:
-        handle = await start_server.with_options(**stages.start.task_options())(host, profile, stages.kill_port_holder)
-        health = await wait_for_health.with_options(**stages.wait.task_options())(host, profile, handle)
-        ready_s = health.time_to_ready_s
-        fp = await fingerprint_environment(host, target.base_url)
-        store.write_run(run_id, run_row(status="running", fingerprint=fp, time_to_ready_s=ready_s, **meta))
-        progress = await acreate_progress_artifact(0.0, key=artifact_key(profile.name, "progress"),
-                                                   description=f"{profile.name}: levels done")
-        bench = run_concurrency_benchmark.with_options(**stages.benchmark.task_options())
-        merged: list[dict[str, Any]] = []
-        tokens = 0
-        done = 0
-        for index, (mode, value) in enumerate(levels):
-            reps = []
-            for repeat in range(sweep.repeats):
-                try:
-                    row = await bench(target, workload, sweep, results_dir, run_id, profile.name, index, mode, value,
-                                      repeat, tokens)
-                except Exception:
-                    await _raise_if_server_died(host, profile, handle, "while a level was measured")
-                    raise
-                tokens += int(row["output_tokens_total"])
-                reps.append(row)
-                rows.append(row)
-                done += 1
-                if row["failed"]:
-                    await _raise_if_server_died(host, profile, handle, f"during level {level_label(row)}")
-                await aupdate_progress_artifact(progress, 100.0 * done / total,
-                                                description=f"{profile.name}: {done}/{total} levels done")
-            merged.append(merge_repeats(reps))
-            if sweep.stop_at_saturation and saturated(merged):
-                logger.info("%s: throughput stopped rising for two levels while latency grew: stopping the sweep",
-                            profile.name)
-                break
-        status = "completed"
-    except BaseException as exc:
-        error = str(exc)[:2000]
-        status = "cancelled" if isinstance(exc, (asyncio.CancelledError, KeyboardInterrupt)) else "failed"
-        raise
-    finally:
-        not_killed = await _kill_at_the_end(kill, host, profile, handle)
-        if not_killed is not None:
-            status = "failed"
-            error = f"{error + '; ' if error else ''}the server may still be running: {not_killed}"
-        store.write_run(run_id, run_row(status=status, fingerprint=fp, time_to_ready_s=ready_s, ended_at=now_iso(),
-                                        error=error, **meta))
-    if not_killed is not None:
-        raise not_killed
-    await publish_configuration(profile.name, run_id, rows, results_dir)
-    return ConfigurationResult(config_name=profile.name, run_id=run_id, levels=rows, time_to_ready_s=ready_s)
+async def compare_configurations_on(baseline: ProfileParams, speculative: ProfileParams, host_config: HostConfig,
+                                    benchmark: BenchmarkSettings, allow_mismatch: bool = False) -> ComparisonResult:
+    """Baseline, then speculative, back to back on one host; then the comparison of the two."""
+    get_run_logger().info("comparing %s (baseline) with %s (speculative) on %s", baseline.name, speculative.name,
+                          host_config.label)
+    base, spec = await measure_configurations([baseline, speculative], host_config, benchmark)
+    results = await aresolve_results(benchmark.results, benchmark.results_block)
+    store = ResultsStore(results.url, results.storage_options())
+    comp = await compare_configurations(base.run_id, spec.run_id, store, allow_mismatch)
+    return ComparisonResult(baseline=base, speculative=spec, comparison=comp, results=store.url)
 
 
-def _finished_earlier(store: ResultsStore, run_id: str) -> ConfigurationResult | None:
-    try:
-        run = store.run(run_id)
-    except Exception:  # noqa: BLE001 - not in the store: not finished
-        return None
-    if run.get("status") != "completed":
-        return None
-    rows = store.levels([run_id]).to_dict("records")
-    ready = run.get("time_to_ready_s")
-    return ConfigurationResult(config_name=str(run["config_name"]), run_id=run_id, levels=rows,
-                               time_to_ready_s=None if ready is None or ready != ready else float(ready))
+class ComparisonResult(BaseModel):
+    baseline: ConfigurationResult
+    speculative: ConfigurationResult
+    comparison: Comparison
+    results: str
 
 
-async def _raise_if_server_died(host: HostConfig, profile: ServerProfile, handle: lifecycle.ServerHandle | None,
-                                when: str) -> None:
-    """After failed requests: if the server process is gone, stop the sweep and say so, with its
-    log's last lines (rather than measuring nothing level after level)."""
-    if handle is None:
-        return
+# -- declaring a benchmark flow ------------------------------------------------------------------
 
-    def check() -> str | None:
-        with build_host(host) as h:
-            if h.pid_alive(handle.pid):
-                return None
-            return profile.redactor()(h.tail(handle.log_path, LOG_TAIL_LINES).rstrip()) or "(the log is empty)"
-
-    try:
-        tail = await asyncio.to_thread(check)
-    except Exception:  # noqa: BLE001 - cannot tell: carry on as before
-        return
-    if tail is not None:
-        raise ServerCrashedError(f"server {profile.name} (pid {handle.pid}) on {host.label} exited {when}. "
-                                 f"The levels measured before are kept. Last lines of {handle.log_path}:\n{tail}")
+ServersOf = Callable[[dict[str, Any]], list[ServerProfile]]
+F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _kill_directly(host: HostConfig, profile: ServerProfile) -> None:
-    with build_host(host) as h:
-        lifecycle.kill_server(h, profile)
+def benchmark_flow(name: str, servers: ServersOf) -> Callable[[F], Flow[Any, Any]]:
+    """``@flow`` with what every benchmark flow has: persisted results (a retry reuses finished
+    levels) and the hooks that kill its servers when it fails, is cancelled or crashes.
+    ``servers`` rebuilds the flow's server profiles from its parameters."""
+    hook = cleanup_hook(servers)
+    return flow(name=name, persist_result=True, on_failure=[hook], on_cancellation=[hook], on_crashed=[hook])
 
 
-async def _kill_at_the_end(kill: Any, host: HostConfig, profile: ServerProfile, handle: Any) -> Exception | None:
-    """The final kill, however the run ends; the error when the server could not be reached."""
-    logger = get_run_logger()
-    try:
-        await kill(host, profile, handle)
-        return None
-    except BaseException as kill_exc:  # noqa: BLE001 - the server must go even if Prefect cannot run a task now
-        logger.warning("kill_server task could not run (%s): killing directly", kill_exc)
-    try:
-        await asyncio.to_thread(_kill_directly, host, profile)
-        return None
-    except Exception as exc:  # noqa: BLE001
-        logger.error("could not kill %s on %s (%s). It may still be running there: the next run on this host "
-                     "kills it before it starts, or run `specsweep server kill` with this profile.",
-                     profile.name, host.label, exc)
-        return exc
-
-
-def cleanup_hook(profiles_from: Callable[[dict[str, Any]], list[ServerProfile]]):  # type: ignore[no-untyped-def]
-    """A flow hook that kills the flow's servers, rebuilt from the flow run's parameters.
+def cleanup_hook(servers: ServersOf) -> Callable[[Flow[Any, Any], FlowRun, State], None]:
+    """A flow hook that kills the flow's servers, rebuilt from the flow run's parameters, and says
+    so in the flow run's own log.
 
     Cancellation and crash hooks run in the runner process, not the flow's: they cannot use
     anything the flow held in memory, only what the flow run records.
     """
 
-    def hook(flow: Any, flow_run: FlowRun, state: State) -> None:
-        from tasks.blocks import resolve_host
-
-        log = logging.getLogger("specsweep.cleanup")
+    def hook(flow: Flow[Any, Any], flow_run: FlowRun, state: State) -> None:
+        log: logging.Logger | logging.LoggerAdapter[logging.Logger] = flow_run_logger(flow_run, flow)
         params = flow_run.parameters or {}
         try:
-            host = resolve_host(HostConfig.model_validate(params.get("host") or {}), params.get("host_block"))
-            profiles = profiles_from(params)
+            host_config = resolve_host(HostConfig.model_validate(params.get("host") or {}), params.get("host_block"))
+            profiles = servers(params)
         except ValidationError:
             # Parameters that do not validate were refused before the flow body ran: nothing started.
             log.info("cleanup of flow run %s: its parameters were refused, so no server was started", flow_run.id)
@@ -239,18 +214,18 @@ def cleanup_hook(profiles_from: Callable[[dict[str, Any]], list[ServerProfile]])
         except Exception as exc:  # noqa: BLE001 - a hook must not raise
             log.error("cleanup of flow run %s: cannot rebuild its servers from the parameters: %s", flow_run.id, exc)
             return
-        for profile in profiles:
-            try:
-                with build_host(host) as h:
-                    report = lifecycle.kill_server(h, profile)
-                log.warning("cleanup after %s (%s): %s", flow_run.name, state.name, report.summary())
-            except Exception as exc:  # noqa: BLE001
-                log.error("cleanup of %s after %s failed: %s", profile.name, flow_run.name, exc)
+        with open_host(host_config) as host:
+            for profile in profiles:
+                try:
+                    report = lifecycle.kill_server(host, profile)
+                    log.warning("cleanup after %s (%s): %s", flow_run.name, state.name, report.summary())
+                except Exception as exc:  # noqa: BLE001
+                    log.error("cleanup of %s after %s failed: %s", profile.name, flow_run.name, exc)
         # Only once the servers are gone may another run have the host.
         try:
             if release_recorded_lease(flow_run.id):
                 log.warning("cleanup after %s (%s): released its hold on host %s", flow_run.name, state.name,
-                            host.label)
+                            host_config.label)
         except Exception as exc:  # noqa: BLE001
             log.error("cleanup after %s: could not release its host lock (%s); it frees itself within %.0f s",
                       flow_run.name, exc, LOCK_LEASE_S)

@@ -8,12 +8,14 @@ and the skeleton the benchmark flows build on. The server is killed however the 
 # validates runs from the real annotation objects of a flow's signature.
 from prefect import flow
 
+from flows.pipeline import opened
+from specsweep.bench.config import RequestOptions
 from specsweep.health import HealthReport
-from specsweep.hosts.config import HostConfig
+from specsweep.hosts import HostConfig
 from specsweep.profiles import ProfileParams
 from specsweep.stages import LifecycleOptions
 from tasks.blocks import aresolve_profile
-from tasks.server import kill_server, start_server, wait_for_health
+from tasks.server import served
 
 
 @flow(name="server-lifecycle", log_prints=False)
@@ -22,20 +24,8 @@ async def server_lifecycle(
     host: HostConfig = HostConfig(),
     stages: LifecycleOptions = LifecycleOptions(),
 ) -> HealthReport:
-    profile = await aresolve_profile(profile)
-    kill = kill_server.with_options(**stages.kill.task_options())
-    await kill(host, profile)
-    handle = await start_server.with_options(**stages.start.task_options())(host, profile, stages.kill_port_holder)
-    try:
-        return await wait_for_health.with_options(**stages.wait.task_options())(host, profile, handle)
-    finally:
-        await kill(host, profile, handle)
-
-
-if __name__ == "__main__":
-    import asyncio
-
-    from specsweep.llamacpp import speculative_profile
-
-    result = asyncio.run(server_lifecycle(speculative_profile()))
-    print(result.model_dump_json(indent=2))
+    """Start the server, report how long it took to be ready, and kill it."""
+    server = await aresolve_profile(profile)
+    async with opened(host) as h, served(h, server, stages, RequestOptions(),
+                                         host.http_url(server.port)) as ready:
+        return ready.ready

@@ -22,6 +22,8 @@ import pandas as pd
 from pydantic import BaseModel, Field
 
 from specsweep.errors import ConfigError
+from specsweep.records import RunRow
+from specsweep.store import ResultsStore
 
 FINGERPRINT_KEYS = ("gpu", "gpu_count", "driver", "engine_version", "model")
 MAX_BATCH = 4096
@@ -56,6 +58,9 @@ class Comparison(BaseModel):
     router: dict[str, Any]
     policy_mean_tokens_per_s: dict[str, float]
     notes: list[str] = Field(default_factory=list)
+    baseline_run_id: str | None = None
+    speculative_run_id: str | None = None
+    host: str | None = None
 
     def table_rows(self) -> list[dict[str, Any]]:
         return [lv.model_dump() for lv in self.levels]
@@ -72,12 +77,12 @@ def _bootstrap_ratio(base: list[float], spec: list[float], n: int = 2000, seed: 
     return ratios[int(0.025 * n)], ratios[int(0.975 * n) - 1]
 
 
-def check_fingerprints(base_run: dict[str, Any], spec_run: dict[str, Any], allow_mismatch: bool) -> list[str]:
+def check_fingerprints(base_run: RunRow, spec_run: RunRow, allow_mismatch: bool) -> list[str]:
     """Differences between the two runs' environments; raises unless allow_mismatch."""
     diffs = []
     for key in FINGERPRINT_KEYS:
-        a, b = base_run.get(key), spec_run.get(key)
-        if a is None or b is None or (isinstance(a, float) and pd.isna(a)) or (isinstance(b, float) and pd.isna(b)):
+        a, b = getattr(base_run, key), getattr(spec_run, key)
+        if a is None or b is None:
             continue
         if str(a) != str(b):
             diffs.append(f"{key}: {a!r} vs {b!r}")
@@ -216,19 +221,35 @@ def speculative_tokens_from_command(command: str | None, default: int = 3) -> in
     return default
 
 
-def compare_runs(store: Any, baseline_run_id: str, speculative_run_id: str, *, allow_mismatch: bool = False) -> Comparison:
-    """Compare two runs from the store (``specsweep compare``)."""
+def compare_runs(store: ResultsStore, baseline_run_id: str, speculative_run_id: str, *,
+                 allow_mismatch: bool = False) -> Comparison:
+    """Compare two runs from the store (the CLI's ``compare`` and the flows' comparison task)."""
     base_run, spec_run = store.run(baseline_run_id), store.run(speculative_run_id)
     diffs = check_fingerprints(base_run, spec_run, allow_mismatch)
     comp = compare_levels(
         store.levels([baseline_run_id]), store.levels([speculative_run_id]),
-        baseline_name=f"{base_run.get('config_name')} ({baseline_run_id})",
-        speculative_name=f"{spec_run.get('config_name')} ({speculative_run_id})",
-        num_speculative_tokens=speculative_tokens_from_command(spec_run.get("command")),
+        baseline_name=base_run.config_name, speculative_name=spec_run.config_name,
+        num_speculative_tokens=speculative_tokens_from_command(spec_run.command),
     )
+    comp.baseline_run_id, comp.speculative_run_id, comp.host = baseline_run_id, speculative_run_id, base_run.host
     if diffs:
         comp.notes.append("Compared despite different environments: " + "; ".join(diffs))
     return comp
+
+
+def report_folder(comp: Comparison) -> str:
+    """Where a comparison's report lies under the results root."""
+    return f"reports/{comp.baseline_run_id}--{comp.speculative_run_id}"
+
+
+def write_report(comp: Comparison, store: ResultsStore) -> dict[str, str]:
+    """The comparison's report folder: report.md and the plots. Returns each file's URL by name."""
+    from specsweep.plots import comparison_plots
+
+    folder = report_folder(comp)
+    urls = {name: store.write_file(f"{folder}/{name}.png", png) for name, png in comparison_plots(comp).items()}
+    urls["report"] = store.write_file(f"{folder}/report.md", (comparison_markdown(comp) + "\n").encode())
+    return urls
 
 
 def comparison_markdown(comp: Comparison) -> str:

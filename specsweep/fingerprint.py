@@ -8,46 +8,35 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
-
 from specsweep.hosts.base import Host
+from specsweep.server_api import ServerAPI
 
 FINGERPRINT_FIELDS = ("gpu", "gpu_count", "driver", "engine_version", "model")
 
 
-async def server_fingerprint(base_url: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
-    headers = headers or {}
+async def server_fingerprint(api: ServerAPI) -> dict[str, Any]:
+    """Model, engine version and the server arguments that matter for speculation, from its API."""
     fp: dict[str, Any] = {}
-    base = base_url.rstrip("/")
-    async with httpx.AsyncClient(timeout=10) as client:
-
-        async def get(path: str) -> dict[str, Any] | None:
-            try:
-                r = await client.get(base + path, headers=headers)
-                return r.json() if r.status_code == 200 and r.content else None
-            except (httpx.HTTPError, ValueError):
-                return None
-
-        models = await get("/v1/models")
-        if models and models.get("data"):
-            fp["model"] = str(models["data"][0].get("id"))
-        info = await get("/server_info") or await get("/get_server_info")
-        if info:
-            if info.get("version"):
-                fp["engine_version"] = f"sglang {info['version']}"
-            args = info.get("server_args") if isinstance(info.get("server_args"), dict) else info
-            for key in ("model_path", "tp_size", "speculative_algorithm", "speculative_num_steps",
-                        "speculative_eagle_topk", "speculative_num_draft_tokens"):
-                if key in args:
-                    fp[f"server_{key}"] = args[key]
-        props = await get("/props")
-        if props and "build_info" in props:
-            fp["engine_version"] = f"llama.cpp {props['build_info']}"
-            if props.get("model_path"):
-                fp.setdefault("model", props["model_path"])
-        version = await get("/version")
-        if version and "version" in version and "engine_version" not in fp:
-            fp["engine_version"] = f"vllm {version['version']}"
+    model = await api.first_model()
+    if model:
+        fp["model"] = model
+    info = await api.get_json("/server_info") or await api.get_json("/get_server_info")
+    if info:
+        if info.get("version"):
+            fp["engine_version"] = f"sglang {info['version']}"
+        args = info.get("server_args") if isinstance(info.get("server_args"), dict) else info
+        for key in ("model_path", "tp_size", "speculative_algorithm", "speculative_num_steps",
+                    "speculative_eagle_topk", "speculative_num_draft_tokens"):
+            if key in args:
+                fp[f"server_{key}"] = args[key]
+    props = await api.get_json("/props")
+    if props and "build_info" in props:
+        fp["engine_version"] = f"llama.cpp {props['build_info']}"
+        if props.get("model_path"):
+            fp.setdefault("model", props["model_path"])
+    version = await api.get_json("/version")
+    if version and "version" in version and "engine_version" not in fp:
+        fp["engine_version"] = f"vllm {version['version']}"
     return fp
 
 

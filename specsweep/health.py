@@ -20,15 +20,15 @@ from pydantic import BaseModel, Field
 
 from specsweep.errors import HealthTimeoutError, HostError, ServerCrashedError
 from specsweep.hosts.base import Host
-from specsweep.lifecycle import Logger, ServerHandle
+from specsweep.lifecycle import LOG_TAIL_LINES, Logger, ServerHandle
 from specsweep.profiles import ServerProfile
+from specsweep.server_api import ServerAPI, reason
 
 _log = logging.getLogger(__name__)
 
 FIRST_INTERVAL_S = 0.05
 GROWTH = 1.5
 PROCESS_CHECK_S = 0.5
-LOG_TAIL_LINES = 30
 
 
 class HealthReport(BaseModel):
@@ -38,14 +38,6 @@ class HealthReport(BaseModel):
     waited_s: float = Field(description="How long this wait took.")
     attempts: int
     probe_ok: bool | None = Field(None, description="Result of the readiness probe; None when not asked for.")
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, httpx.ConnectError):
-        return "connection refused"
-    if isinstance(exc, httpx.TimeoutException):
-        return "no answer (timeout)"
-    return f"{type(exc).__name__}: {exc}"
 
 
 class _LogFollower:
@@ -96,26 +88,12 @@ async def _host_check(host: Host, follower: _LogFollower, handle: ServerHandle, 
         return None
 
 
-async def _probe(client: httpx.AsyncClient, base: str, profile: ServerProfile, headers: dict[str, str]) -> str | None:
-    """One tiny generation; None when it worked, else why not."""
-    body = {"prompt": "Hello", "max_tokens": 1, "temperature": 0}
-    if profile.probe_path.endswith("/generate"):
-        body = {"text": "Hello", "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
-    elif profile.probe_path.endswith("/chat/completions"):
-        body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 1, "temperature": 0}
-    try:
-        r = await client.post(base + profile.probe_path, json=body, headers=headers, timeout=60)
-    except httpx.HTTPError as exc:
-        return f"probe failed: {_reason(exc)}"
-    return None if r.status_code == 200 else f"probe answered {r.status_code}"
-
-
 async def wait_for_health(
     host: Host,
     profile: ServerProfile,
     handle: ServerHandle,
+    api: ServerAPI,
     *,
-    address: str = "127.0.0.1",
     timeout_s: float | None = None,
     logger: Logger | None = None,
     on_log_line: Callable[[str], None] | None = None,
@@ -124,9 +102,7 @@ async def wait_for_health(
     log = logger or _log
     redact = profile.redactor()
     timeout_s = profile.startup_timeout_s if timeout_s is None else timeout_s
-    base = f"http://{address}:{profile.port}"
-    url = base + profile.health_path
-    headers = {"Authorization": f"Bearer {profile.api_key.get_secret_value()}"} if profile.api_key else {}
+    url = api.base_url + profile.health_path
     follower = _LogFollower(host, handle.log_path, (lambda line: on_log_line(redact(line))) if on_log_line else None)
     start = time.monotonic()
     deadline = start + timeout_s
@@ -144,67 +120,64 @@ async def wait_for_health(
         return redact(tail.rstrip()) or "(the log is empty)"
 
     log.info("waiting for %s to become ready at %s (timeout %.0f s)", profile.name, url, timeout_s)
-    limits = httpx.Limits(max_connections=2, max_keepalive_connections=0)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(10.0, connect=2.0), limits=limits) as client:
-        while True:
-            now = time.monotonic()
-            if now >= next_check:
-                alive = await _host_check(host, follower, handle, log)
-                if alive is False:
-                    await _quietly(follower.poll)
-                    follower.flush()
-                    raise ServerCrashedError(
-                        f"server {profile.name} (pid {handle.pid}) on {host.label} exited while starting, "
-                        f"{now - start:.1f} s into the wait. Last lines of {handle.log_path}:\n{await log_tail()}"
-                    )
-                next_check = now + PROCESS_CHECK_S
-            if now >= next_poll:
-                attempts += 1
-                try:
-                    r = await client.get(url, headers=headers)
-                    status = r.status_code
-                    last = f"HTTP {status}"
-                except httpx.HTTPError as exc:
-                    status = None
-                    last = _reason(exc)
-                elapsed = time.monotonic() - start
-                if status == 200:
-                    probe_ok = None
-                    if profile.readiness_probe:
-                        problem = await _probe(client, base, profile, headers)
-                        probe_ok = problem is None
-                        if problem:
-                            last = problem
-                            status = None
-                    if status == 200:
-                        await _quietly(follower.poll)
-                        follower.flush()
-                        report = HealthReport(
-                            url=url,
-                            ready=True,
-                            time_to_ready_s=time.time() - handle.started_at,
-                            waited_s=elapsed,
-                            attempts=attempts,
-                            probe_ok=probe_ok,
-                        )
-                        log.info(
-                            "%s is ready after %.1f s (attempt %d, %.1f s since start)",
-                            profile.name, elapsed, attempts, report.time_to_ready_s,
-                        )
-                        return report
-                if status in (None, 502, 503) or status == 200:
-                    log.info("health attempt %d after %.1f s: not ready (%s)", attempts, elapsed, last)
-                else:
-                    log.warning("health attempt %d after %.1f s: unexpected %s, polling on", attempts, elapsed, last)
-                interval = min(interval * GROWTH, profile.health_poll_max_interval_s)
-                next_poll = time.monotonic() + interval
-            now = time.monotonic()
-            if now >= deadline:
+    while True:
+        now = time.monotonic()
+        if now >= next_check:
+            alive = await _host_check(host, follower, handle, log)
+            if alive is False:
                 await _quietly(follower.poll)
                 follower.flush()
-                raise HealthTimeoutError(
-                    f"server {profile.name} on {host.label} was not ready after {timeout_s:.0f} s "
-                    f"({attempts} attempts; last: {last}). It is still running; raise startup_timeout_s if it "
-                    f"is merely slow. Last lines of {handle.log_path}:\n{await log_tail()}"
+                raise ServerCrashedError(
+                    f"server {profile.name} (pid {handle.pid}) on {host.label} exited while starting, "
+                    f"{now - start:.1f} s into the wait. Last lines of {handle.log_path}:\n{await log_tail()}"
                 )
-            await asyncio.sleep(max(0.0, min(next_poll, next_check, deadline) - now))
+            next_check = now + PROCESS_CHECK_S
+        if now >= next_poll:
+            attempts += 1
+            try:
+                status = await api.status(profile.health_path)
+                last = f"HTTP {status}"
+            except httpx.HTTPError as exc:
+                status = None
+                last = reason(exc)
+            elapsed = time.monotonic() - start
+            if status == 200:
+                probe_ok = None
+                if profile.readiness_probe:
+                    problem = await api.probe(profile.probe_path)
+                    probe_ok = problem is None
+                    if problem:
+                        last = problem
+                        status = None
+                if status == 200:
+                    await _quietly(follower.poll)
+                    follower.flush()
+                    report = HealthReport(
+                        url=url,
+                        ready=True,
+                        time_to_ready_s=time.time() - handle.started_at,
+                        waited_s=elapsed,
+                        attempts=attempts,
+                        probe_ok=probe_ok,
+                    )
+                    log.info(
+                        "%s is ready after %.1f s (attempt %d, %.1f s since start)",
+                        profile.name, elapsed, attempts, report.time_to_ready_s,
+                    )
+                    return report
+            if status in (None, 502, 503) or status == 200:
+                log.info("health attempt %d after %.1f s: not ready (%s)", attempts, elapsed, last)
+            else:
+                log.warning("health attempt %d after %.1f s: unexpected %s, polling on", attempts, elapsed, last)
+            interval = min(interval * GROWTH, profile.health_poll_max_interval_s)
+            next_poll = time.monotonic() + interval
+        now = time.monotonic()
+        if now >= deadline:
+            await _quietly(follower.poll)
+            follower.flush()
+            raise HealthTimeoutError(
+                f"server {profile.name} on {host.label} was not ready after {timeout_s:.0f} s "
+                f"({attempts} attempts; last: {last}). It is still running; raise startup_timeout_s if it "
+                f"is merely slow. Last lines of {handle.log_path}:\n{await log_tail()}"
+            )
+        await asyncio.sleep(max(0.0, min(next_poll, next_check, deadline) - now))

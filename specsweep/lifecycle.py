@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 
 from pydantic import BaseModel, Field
 
-from specsweep.errors import KillError, PortBusyError
+from specsweep.errors import HostError, KillError, PortBusyError, ServerCrashedError
 from specsweep.hosts.base import Host, ProcessInfo
 from specsweep.hosts.local import LocalHost
 from specsweep.profiles import MARKER_ENV, ServerProfile
@@ -28,6 +28,9 @@ from specsweep.redact import Redactor, mask_argv
 
 Logger = logging.Logger | logging.LoggerAdapter  # type: ignore[type-arg]
 _log = logging.getLogger(__name__)
+
+#: Lines of the server log quoted when it fails.
+LOG_TAIL_LINES = 30
 
 
 class ServerHandle(BaseModel):
@@ -302,6 +305,20 @@ def start_server(
     )
     log.info("server %s started: pid %d, log %s", profile.name, pid, handle.log_path)
     return handle
+
+
+def raise_if_exited(host: Host, profile: ServerProfile, handle: ServerHandle, when: str) -> None:
+    """The crash check between levels: if the server process is gone, raise ServerCrashedError with
+    its log's last lines (rather than measuring nothing level after level). A host that cannot be
+    asked just now is not a crash."""
+    try:
+        if host.pid_alive(handle.pid):
+            return
+        tail = profile.redactor()(host.tail(handle.log_path, LOG_TAIL_LINES).rstrip()) or "(the log is empty)"
+    except HostError:
+        return
+    raise ServerCrashedError(f"server {profile.name} (pid {handle.pid}) on {host.label} exited {when}. "
+                             f"The levels measured before are kept. Last lines of {handle.log_path}:\n{tail}")
 
 
 def find_handle(host: Host, profile: ServerProfile) -> ServerHandle | None:

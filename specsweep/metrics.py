@@ -16,13 +16,14 @@ Percentiles interpolate linearly (numpy's default), as vLLM's and SGLang's bench
 from __future__ import annotations
 
 import math
+from datetime import datetime, timezone
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
-from specsweep.bench.records import RequestRecord
+from specsweep.records import Level, LevelRow, LevelRun, RequestRecord, RequestRow
 
 STATS = ("mean", "median", "p90", "p99")
 
@@ -97,32 +98,16 @@ def spec_from_records(records: Sequence[RequestRecord]) -> dict[str, float | Non
     }
 
 
-def spec_from_counters(before: dict[str, float], after: dict[str, float], level_output_tokens: int,
-                       tokens_before: int | None = None) -> tuple[dict[str, float | None], str | None]:
-    """A level's speculation figures from cumulative server counters read around it.
-
-    Returns the figures and how they were obtained (None when the server has no counters).
-    """
+def spec_from_counters(before: dict[str, float], after: dict[str, float]) -> tuple[dict[str, float | None], str | None]:
+    """A level's speculation figures from cumulative server counters read around it (vLLM's
+    ``/metrics``): differences, never one reading. Returns the figures and how they were
+    obtained (None when the server has no such counters)."""
     if "vllm_drafted" in after:
         drafted = after["vllm_drafted"] - before.get("vllm_drafted", 0.0)
         accepted = after.get("vllm_accepted", 0.0) - before.get("vllm_accepted", 0.0)
         drafts = after.get("vllm_drafts", 0.0) - before.get("vllm_drafts", 0.0)
         return ({"spec_acceptance_rate": accepted / drafted if drafted > 0 else None,
                  "spec_accept_length": 1 + accepted / drafts if drafts > 0 else None}, "vllm /metrics difference")
-    if "sglang_avg_accept_length" in after:
-        a2 = after["sglang_avg_accept_length"]
-        for key in ("sglang_spec_verify_ct", "sglang_total_spec_verify_ct"):
-            if key in after and key in before:
-                verify = after[key] - before[key]
-                return ({"spec_accept_length": level_output_tokens / verify if verify > 0 else None,
-                         "spec_acceptance_rate": None}, "sglang verify-count difference")
-        a1 = before.get("sglang_avg_accept_length")
-        if not a1 or not tokens_before:
-            return {"spec_accept_length": a2, "spec_acceptance_rate": None}, "sglang cumulative average (no earlier load)"
-        # avg = tokens / verify steps since boot, so verify steps = tokens / avg on both sides.
-        verify = (tokens_before + level_output_tokens) / a2 - tokens_before / a1
-        value = level_output_tokens / verify if verify > 0 else None
-        return {"spec_accept_length": value, "spec_acceptance_rate": None}, "sglang cumulative average difference (approximate)"
     return {}, None
 
 
@@ -168,3 +153,44 @@ def level_metrics(records: Sequence[RequestRecord]) -> dict[str, Any]:
             m[f"{name}_{stat}"] = value
     m.update(spec_from_records(measured))
     return m
+
+
+def level_row(run: LevelRun, *, config_name: str) -> LevelRow:
+    """Every figure of one level, from its raw records and counters."""
+    m = level_metrics(run.records)
+    spec_source = "per-request" if (m["spec_acceptance_rate"] is not None or m["spec_accept_length"] is not None) else None
+    counted, source = spec_from_counters(run.spec_before, run.spec_after)
+    for key, value in counted.items():
+        if m.get(key) is None and value is not None:
+            m[key] = value
+            spec_source = source
+    level = run.level
+    return LevelRow(
+        config_name=config_name, level_index=level.index, mode=level.mode, concurrency=level.concurrency,
+        request_rate_per_s=level.value if level.mode == "rate" else None, repeat=level.repeat,
+        started_at=epoch_iso(run.started_at), **m, spec_source=spec_source,
+        client_cpu_s=run.client_cpu_s, client_cpu_share=run.client_cpu_share,
+        client_loop_lag_p99_ms=run.loop_lag_p99_ms, client_loop_lag_max_ms=run.loop_lag_max_ms,
+        client_workers=run.workers, client_connections=run.connections_opened, client_bottleneck=run.client_bottleneck,
+    )
+
+
+def request_rows(run: LevelRun) -> list[RequestRow]:
+    """The level's requests as stored: chunk times as offsets from the send, derived figures in ms."""
+    level: Level = run.level
+    ms = (lambda x: None if x is None else x * 1000)  # noqa: E731
+    rows = []
+    for r in run.records:
+        sent = r.sent_s if r.sent_s is not None else r.scheduled_s
+        fields = r.as_dict()
+        fields["chunk_times_s"] = [t - sent for t in r.chunk_times_s]
+        rows.append(RequestRow(
+            **fields, mode=level.mode, level_value=level.value, repeat=level.repeat,
+            ttft_ms=ms(ttft_s(r)), e2e_ms=ms(e2e_s(r)), tpot_ms=ms(tpot_s(r)),
+            send_delay_ms=None if r.sent_s is None else (r.sent_s - r.scheduled_s) * 1000,
+        ))
+    return rows
+
+
+def epoch_iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")

@@ -3,31 +3,30 @@
 from __future__ import annotations
 
 import base64
-from pathlib import Path
+import io
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 
 from specsweep.compare import Comparison  # noqa: E402
 
 DPI = 90
 
 
-def _save(fig: plt.Figure, path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, dpi=DPI, bbox_inches="tight", format="png")
+def _png(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=DPI, bbox_inches="tight", format="png")
     plt.close(fig)
-    tmp.replace(path)
-    return path
+    return buf.getvalue()
 
 
-def comparison_plots(comp: Comparison, out_dir: Path) -> dict[str, Path]:
-    """Write the three plots; return their paths by name."""
+def comparison_plots(comp: Comparison) -> dict[str, bytes]:
+    """The plots as PNG bytes, by name."""
     c = [r.concurrency for r in comp.levels]
-    paths: dict[str, Path] = {}
+    paths: dict[str, bytes] = {}
 
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     ax.plot(c, [r.baseline_tokens_per_s for r in comp.levels], "o-", label="baseline")
@@ -36,7 +35,7 @@ def comparison_plots(comp: Comparison, out_dir: Path) -> dict[str, Path]:
     ax.set_xticks(c, [str(x) for x in c])
     ax.grid(alpha=0.3)
     ax.legend()
-    paths["throughput"] = _save(fig, out_dir / "throughput.png")
+    paths["throughput"] = _png(fig)
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9.6, 3.6))
     for ax, key, title in ((a1, "ttft_ms", "TTFT median (ms)"), (a2, "itl_ms", "ITL median (ms)")):
@@ -46,7 +45,7 @@ def comparison_plots(comp: Comparison, out_dir: Path) -> dict[str, Path]:
         ax.set_xticks(c, [str(x) for x in c])
         ax.grid(alpha=0.3)
         ax.legend()
-    paths["latency"] = _save(fig, out_dir / "latency.png")
+    paths["latency"] = _png(fig)
 
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     ratios = [r.ratio for r in comp.levels]
@@ -61,9 +60,10 @@ def comparison_plots(comp: Comparison, out_dir: Path) -> dict[str, Path]:
     ax.set_xticks(c, [str(x) for x in c])
     ax.grid(alpha=0.3)
     ax.legend()
-    paths["speedup"] = _save(fig, out_dir / "speedup.png")
+    paths["speedup"] = _png(fig)
     return paths
 
 
-def data_uri(path: Path) -> str:
-    return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode()
+def data_uri(png: bytes) -> str:
+    """A PNG embedded in markdown (the Prefect UI renders it in an artifact)."""
+    return "data:image/png;base64," + base64.b64encode(png).decode()

@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from specsweep.records import LevelRow
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+    from specsweep.compare import Comparison
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
@@ -31,31 +40,24 @@ SUMMARY_COLUMNS = [
 ]
 
 
-def level_label(row: dict[str, Any]) -> str:
-    if row.get("concurrency") is not None and row.get("mode", "concurrency") == "concurrency":
-        return f"C={int(row['concurrency'])}"
-    return f"{row.get('request_rate_per_s'):g} req/s"
-
-
-def summary_rows(rows: Sequence[dict[str, Any]]) -> list[list[str]]:
+def summary_rows(rows: Sequence[LevelRow]) -> list[list[str]]:
     out = []
     for r in rows:
         cells = []
         for name, key in SUMMARY_COLUMNS:
             if name == "level":
-                label = level_label(r)
-                if r.get("repeat"):
-                    label += f" #{r['repeat']}"
-                cells.append(label + (" (client-bound)" if r.get("client_bottleneck") else ""))
+                label = r.label + (f" #{r.repeat}" if r.repeat else "")
+                cells.append(label + (" (client-bound)" if r.client_bottleneck else ""))
             elif name == "ok/failed":
-                cells.append(f"{r.get('completed', 0)}/{r.get('failed', 0)}")
+                cells.append(f"{r.completed}/{r.failed}")
             else:
-                cells.append(_fmt(r.get(key), 2 if key and key.startswith("spec") else 1))
+                assert key is not None
+                cells.append(_fmt(getattr(r, key), 2 if key.startswith("spec") else 1))
         out.append(cells)
     return out
 
 
-def summary_table(rows: Sequence[dict[str, Any]], title: str = ""):  # type: ignore[no-untyped-def]
+def summary_table(rows: Sequence[LevelRow], title: str = "") -> Table:
     from rich.table import Table
 
     table = Table(title=title)
@@ -72,5 +74,45 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def summary_markdown(rows: Sequence[dict[str, Any]]) -> str:
+def summary_markdown(rows: Sequence[LevelRow]) -> str:
     return markdown_table([n for n, _ in SUMMARY_COLUMNS], summary_rows(rows))
+
+
+def _console() -> Console:
+    import sys
+
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 200)
+
+
+def print_comparison(comp: Comparison, console: Console | None = None) -> None:
+    """The comparison on a terminal: the per-level table, the recommendation, what to configure."""
+    from rich.table import Table
+
+    table = Table(title=f"speculation: {comp.speculative} vs {comp.baseline}")
+    for col in ("concurrency", "baseline tok/s", "speculative tok/s", "ratio", "verdict", "TTFT p50 ms (base/spec)",
+                "ITL p50 ms (base/spec)", "accept"):
+        table.add_column(col, justify="left" if col == "verdict" else "right")
+    for r in comp.levels:
+        ci = f" [{r.ratio_low:.2f}-{r.ratio_high:.2f}]" if r.ratio_low is not None else ""
+        acc = (f"{r.speculative_accept_length:.2f}" if r.speculative_accept_length else
+               f"{r.speculative_acceptance_rate:.0%}" if r.speculative_acceptance_rate else "-")
+        table.add_row(str(r.concurrency), f"{r.baseline_tokens_per_s:,.1f}", f"{r.speculative_tokens_per_s:,.1f}",
+                      f"{r.ratio:.2f}{ci}", r.verdict,
+                      f"{r.baseline_ttft_ms or 0:,.1f} / {r.speculative_ttft_ms or 0:,.1f}",
+                      f"{r.baseline_itl_ms or 0:.2f} / {r.speculative_itl_ms or 0:.2f}", acc)
+    console = console or _console()
+    console.print(table)
+    console.print(f"[bold]{comp.recommendation}[/bold]")
+    console.print(f"crossover: {comp.crossover if comp.crossover is not None else 'none within the measured levels'}")
+    console.print(f"vLLM V1 speculative-config: num_speculative_tokens_per_batch_size = "
+                  f"{json.dumps(comp.vllm_num_speculative_tokens_per_batch_size)}")
+    console.print(f"SGLang router: {json.dumps(comp.router)}")
+    pol = comp.policy_mean_tokens_per_s
+    console.print(f"mean output tok/s over the levels: always off {pol['always_off']:,.1f}, always on "
+                  f"{pol['always_on']:,.1f}, as recommended (on only where it clearly pays) {pol['switch_per_level']:,.1f}")
+    for note in comp.notes:
+        console.print(f"note: {note}")
+
+

@@ -6,7 +6,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from specsweep.bench.config import RequestParams, SweepConfig, WorkloadConfig
 from specsweep.profiles import ServerProfile
+from specsweep.stages import LifecycleOptions
+from specsweep.store import DEFAULT_ROOT
 
 
 class SGLangSettings(BaseModel):
@@ -67,3 +70,19 @@ class LlamaCppSettings(BaseModel):
         return speculative_profile(model_path=self.model_path, draft_model_path=self.draft_model_path,
                                    parallel=self.parallel, ctx=self.ctx, threads=self.threads, draft_max=self.draft_max,
                                    port=self.port)
+
+
+class BenchmarkSettings(BaseModel):
+    """What every benchmark flow shares: the prompts, the load, how requests are made, the
+    stages' retries and timeouts, and where results go."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workload: WorkloadConfig = Field(default_factory=WorkloadConfig, description="Which prompts to send.")
+    sweep: SweepConfig = Field(default_factory=SweepConfig, description="The levels and how much load at each.")
+    request: RequestParams = Field(default_factory=RequestParams, description="How each request is made.")
+    stages: LifecycleOptions = Field(default_factory=LifecycleOptions, description="Retries and timeouts per stage.")
+    results: str = Field(str(DEFAULT_ROOT), min_length=1,
+                         description="Results root: a folder every worker can read, or a URL (s3://bucket/prefix, gs://…).")
+    results_block: str | None = Field(
+        None, description="Or: the name of a specsweep-results block (a URL with the credentials it needs).")

@@ -8,27 +8,17 @@ from prefect import get_run_logger
 from prefect.client.schemas.objects import State, TaskRun
 
 from specsweep.errors import HostError, HostKeyError
-from specsweep.hosts.config import HostConfig
+from specsweep.hosts import Host
 from specsweep.profiles import ServerProfile
-from specsweep.redact import Redactor, RedactingLogger
+from specsweep.redact import RedactingLogger, Redactor
 
 
-def host_secrets(host: HostConfig) -> list[str]:
-    out = []
-    for ep in (host.ssh, host.jump):
-        if ep is not None:
-            for secret in (ep.private_key, ep.passphrase):
-                if secret is not None:
-                    out.append(secret.get_secret_value())
-    return out
-
-
-def run_logger(profile: ServerProfile | None = None, host: HostConfig | None = None) -> RedactingLogger:
+def run_logger(profile: ServerProfile | None = None, host: Host | None = None) -> RedactingLogger:
     """The Prefect run logger, with the profile's and host's secrets masked in every line."""
     redactor = profile.redactor() if profile is not None else Redactor()
     if host is not None:
-        redactor.add(*host_secrets(host))
-    base: logging.Logger | logging.LoggerAdapter = get_run_logger()  # type: ignore[type-arg]
+        redactor.add(*host.secrets())
+    base: logging.Logger | logging.LoggerAdapter[logging.Logger] = get_run_logger()
     return RedactingLogger(base, redactor)
 
 

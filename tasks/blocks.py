@@ -1,4 +1,5 @@
 """Prefect blocks: SSH hosts saved once (key included, as a secret) and named by flows.
+(The results location block is in ``tasks.storage``; it is registered with these.)
 
     prefect block register -m tasks.blocks
     SSHHostBlock(hostname="gpu-01", user="bench", private_key=open("id_ed25519").read(),
@@ -105,3 +106,9 @@ async def aresolve_profile(profile: ProfileParams, field: str = "profile") -> Se
     for var, block in profile.env_secrets.items():
         data["env"][var] = await aresolve_secret(block, f"{field}.env_secrets.{var}")
     return ServerProfile.model_validate(data)
+
+
+# Registered with ``prefect block register -m tasks.blocks`` together with the SSH host block.
+from tasks.storage import ResultsLocation  # noqa: E402
+
+__all__ = ["ResultsLocation", "SSHHostBlock", "aresolve_host", "aresolve_profile", "aresolve_secret", "resolve_host"]

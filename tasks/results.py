@@ -1,53 +1,59 @@
-"""Tasks that describe results to people: run records, artifacts, the comparison report."""
+"""Tasks that describe results to people: the environment, artifacts, the comparison report."""
 
 from __future__ import annotations
 
 import asyncio
 import re
-from pathlib import Path
 from typing import Any
 
 from prefect import task
-from prefect.artifacts import acreate_markdown_artifact, acreate_table_artifact
+from prefect.artifacts import acreate_link_artifact, acreate_markdown_artifact, acreate_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from specsweep.compare import Comparison, check_fingerprints, compare_levels, comparison_markdown, speculative_tokens_from_command
+from specsweep.compare import Comparison, compare_runs, comparison_markdown, report_folder, write_report
 from specsweep.fingerprint import host_fingerprint, server_fingerprint
-from specsweep.hosts.config import HostConfig, build_host
+from specsweep.hosts import Host
 from specsweep.plots import comparison_plots, data_uri
+from specsweep.records import LevelRow
 from specsweep.store import ResultsStore
+from specsweep.sweep import BenchTarget, SweepJob
 from tasks._common import run_logger
+
+TABLE_COLUMNS = ["concurrency", "request_rate_per_s", "repeat", "completed", "failed", "output_tokens_per_s",
+                 "peak_output_tokens_per_s", "ttft_ms_median", "ttft_ms_p99", "tpot_ms_median", "tpot_ms_p99",
+                 "itl_ms_median", "e2e_ms_median", "spec_accept_length", "spec_acceptance_rate", "achieved_concurrency",
+                 "client_bottleneck"]
 
 
 def artifact_key(*parts: str) -> str:
     """Prefect artifact keys: lowercase letters, digits and dashes only."""
-    key = re.sub(r"[^a-z0-9-]+", "-", "-".join(parts).lower()).strip("-")
-    return re.sub(r"-{2,}", "-", key)[:100] or "specsweep"
+    key = re.sub(r"[^a-z0-9-]+", "-", "-".join(p for p in parts if p).lower()).strip("-")
+    return re.sub(r"-{2,}", "-", key)[:100].strip("-") or "specsweep"
 
 
 @task(name="fingerprint_environment", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5)
-async def fingerprint_environment(host: HostConfig, base_url: str) -> dict[str, Any]:
+async def fingerprint_environment(host: Host, target: BenchTarget) -> dict[str, Any]:
     """GPU model, count and driver from the host; engine version and model from the server."""
-    def from_host() -> dict[str, Any]:
-        with build_host(host) as h:
-            return host_fingerprint(h)
-
-    fp = await asyncio.to_thread(from_host)
-    fp.update(await server_fingerprint(base_url))
+    fp = await asyncio.to_thread(host_fingerprint, host)
+    async with target.api() as api:
+        fp.update(await server_fingerprint(api))
     run_logger().info("environment: %s", ", ".join(f"{k}={v}" for k, v in fp.items() if not k.startswith("server_")))
     return fp
 
 
 @task(name="publish_configuration", cache_policy=NO_CACHE)
-async def publish_configuration(config_name: str, run_id: str, rows: list[dict[str, Any]], results_dir: str) -> None:
-    """A table artifact of the configuration's levels, and where its data lies."""
-    cols = ["concurrency", "request_rate_per_s", "repeat", "completed", "failed", "output_tokens_per_s",
-            "peak_output_tokens_per_s", "ttft_ms_median", "ttft_ms_p99", "itl_ms_median", "itl_ms_p99", "tpot_ms_median",
-            "e2e_ms_median", "spec_accept_length", "spec_acceptance_rate", "achieved_concurrency", "client_bottleneck"]
-    table = [{c: (round(r[c], 3) if isinstance(r.get(c), float) else r.get(c)) for c in cols} for r in rows]
+async def publish_configuration(job: SweepJob, host_label: str, rows: list[LevelRow]) -> None:
+    """A table artifact of the configuration's levels, and a link to its data."""
+    table = [{c: (round(v, 3) if isinstance(v := getattr(r, c), float) else v) for c in TABLE_COLUMNS} for r in rows]
+    levels_url = job.store().location.url_of(f"levels/run_id={job.run_id}")
     await acreate_table_artifact(
-        table=table, key=artifact_key(config_name, "levels"),
-        description=f"{config_name}: one row per level (run {run_id}). Parquet: {Path(results_dir).resolve()}/levels/run_id={run_id}/",
+        table=table, key=artifact_key(job.config_name, host_label, "levels"),
+        description=f"{job.config_name} on {host_label}: one row per level (run {job.run_id}). Parquet: {levels_url}/",
+    )
+    await acreate_link_artifact(
+        link=levels_url, link_text=f"{job.config_name} levels (Parquet, run {job.run_id})",
+        key=artifact_key(job.config_name, host_label, "data"),
+        description=f"Read with pandas.read_parquet('{job.store().url}/levels'); requests/ and runs/ lie beside it.",
     )
 
 
@@ -55,37 +61,26 @@ async def publish_configuration(config_name: str, run_id: str, rows: list[dict[s
 async def compare_configurations(
     baseline_run_id: str,
     speculative_run_id: str,
-    results_dir: str,
+    store: ResultsStore,
     allow_mismatch: bool = False,
 ) -> Comparison:
-    """Compare the two runs from the store, write the plots, publish the report."""
+    """Compare the two runs from the store, write the report folder, publish the report."""
     logger = run_logger()
-    store = ResultsStore(results_dir)
-    base_run, spec_run = store.run(baseline_run_id), store.run(speculative_run_id)
-    diffs = check_fingerprints(base_run, spec_run, allow_mismatch)
-    comp = compare_levels(store.levels([baseline_run_id]), store.levels([speculative_run_id]),
-                          baseline_name=str(base_run["config_name"]), speculative_name=str(spec_run["config_name"]),
-                          num_speculative_tokens=speculative_tokens_from_command(spec_run.get("command")))
-    if diffs:
-        comp.notes.append("Compared despite different environments: " + "; ".join(diffs))
-    plot_dir = Path(results_dir) / "plots" / f"{baseline_run_id}--{speculative_run_id}"
-    plots = await asyncio.to_thread(comparison_plots, comp, plot_dir)
-    report = comparison_markdown(comp)
-    (plot_dir / "report.md").write_text(report + "\n")
-    images = "\n\n".join(f"![{name}]({data_uri(path)})" for name, path in plots.items())
-    root = Path(results_dir).resolve()
-    where = (f"### Data\n\n- levels: `{root}/levels/run_id={baseline_run_id}/` and `.../run_id={speculative_run_id}/`\n"
-             f"- requests: `{root}/requests/` (same partitions)\n- runs: `{root}/runs/`\n"
-             f"- plots and this report: `{plot_dir.resolve()}/`\n"
-             f"- read them: `pandas.read_parquet('{root}/levels')`")
-    await acreate_markdown_artifact(
-        markdown=report + "\n\n### Plots\n\n" + images + "\n\n" + where,
-        key=artifact_key("speculation-comparison"),
-        description=comp.recommendation,
-    )
+    comp = compare_runs(store, baseline_run_id, speculative_run_id, allow_mismatch=allow_mismatch)
+    urls = await asyncio.to_thread(write_report, comp, store)
+    images = "\n\n".join(f"![{name}]({data_uri(png)})" for name, png in comparison_plots(comp).items())
+    folder = store.location.url_of(report_folder(comp))
+    where = (f"### Data\n\n- levels: `{store.url}/levels/run_id={baseline_run_id}/` and `.../run_id={speculative_run_id}/`\n"
+             f"- requests: `{store.url}/requests/` (same partitions)\n- runs: `{store.url}/runs/`\n"
+             f"- this report and its plots: `{folder}/`\n"
+             f"- read them: `pandas.read_parquet('{store.url}/levels')`")
+    key = artifact_key("speculation", comp.host or "", comp.baseline, "vs", comp.speculative)
+    await acreate_markdown_artifact(markdown=comparison_markdown(comp) + "\n\n### Plots\n\n" + images + "\n\n" + where,
+                                    key=key, description=comp.recommendation)
+    await acreate_link_artifact(link=urls["report"], link_text="report.md (with the plots beside it)",
+                                key=artifact_key(key, "report"), description=comp.recommendation)
     logger.info("comparison: %s", comp.recommendation)
     logger.info("crossover: %s; vLLM num_speculative_tokens_per_batch_size: %s; router: %s",
                 comp.crossover, comp.vllm_num_speculative_tokens_per_batch_size, comp.router)
-    logger.info("plots and report: %s", plot_dir.resolve())
+    logger.info("report: %s", folder)
     return comp
-

@@ -107,3 +107,12 @@ def prefect_harness() -> Iterator[None]:
 
     with prefect_test_harness(server_startup_timeout=90):
         yield
+
+
+async def wait_ready(host, profile: ServerProfile, handle, *, url: str | None = None, **kwargs):  # type: ignore[no-untyped-def]
+    """specsweep.health.wait_for_health against the server's port on this machine (or ``url``)."""
+    from specsweep.health import wait_for_health
+    from specsweep.server_api import ServerAPI
+
+    async with ServerAPI(url or f"http://127.0.0.1:{profile.port}", profile.api_key) as api:
+        return await wait_for_health(host, profile, handle, api, **kwargs)

@@ -26,14 +26,17 @@ import orjson
 
 from specsweep.bench.config import RequestOptions
 from specsweep.bench.http1 import ConnectionLost, HTTPStatusError, Pool
-from specsweep.bench.records import RequestRecord
 from specsweep.bench.workload import Prompt
+from specsweep.records import RequestRecord
 
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions", "generate": "/generate"}
 _perf = time.perf_counter
 
 
-def request_body(opts: RequestOptions, prompt: Prompt, output_len: int, model: str | None) -> dict[str, Any]:
+def request_body(opts: RequestOptions, prompt: Prompt, output_len: int, model: str | None,
+                 engine: str = "custom") -> dict[str, Any]:
+    """The JSON body of one streamed request. SGLang is asked for its per-request speculation
+    figures (``return_spec_tokens_details``), which it answers under ``sglext``."""
     if opts.endpoint == "generate":
         body: dict[str, Any] = {
             "text": prompt.text,
@@ -50,6 +53,8 @@ def request_body(opts: RequestOptions, prompt: Prompt, output_len: int, model: s
         }
         if model:
             body["model"] = model
+        if engine == "sglang":
+            body["return_spec_tokens_details"] = True
         if opts.endpoint == "chat":
             body["messages"] = [{"role": "user", "content": prompt.text}]
         else:
@@ -146,6 +151,14 @@ class _Parser:
             self.usage_tokens = running
         if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
             rec.prompt_tokens, rec.prompt_tokens_exact = usage["prompt_tokens"], True
+        sglext = ev.get("sglext")
+        if isinstance(sglext, dict) and isinstance(sglext.get("spec_tokens_details"), dict):
+            d = sglext["spec_tokens_details"]
+            if isinstance(d.get("spec_verify_ct"), int):
+                rec.spec_verify_ct = d["spec_verify_ct"]
+            if isinstance(d.get("spec_num_proposed_drafts"), int) and isinstance(d.get("spec_num_correct_drafts"), int):
+                rec.spec_draft_tokens = d["spec_num_proposed_drafts"]
+                rec.spec_accepted_tokens = d["spec_num_correct_drafts"]
         timings = ev.get("timings")
         if isinstance(timings, dict) and "draft_n" in timings:
             rec.spec_draft_tokens = int(timings.get("draft_n") or 0)

@@ -17,49 +17,18 @@ import math
 import os
 import random
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import orjson
 
 from specsweep.bench.client import PATHS, request_body, stream_request
 from specsweep.bench.config import RequestOptions, SweepConfig
 from specsweep.bench.http1 import Pool
-from specsweep.bench.records import RequestRecord
-from specsweep.bench.spec_counters import read_spec_counters
 from specsweep.bench.workload import Prompt
-
-#: A level is flagged when the client used this share of one core, or its loop lagged this much.
-CPU_BOTTLENECK = 0.90
-LAG_BOTTLENECK_MS = 20.0
-
-
-@dataclass
-class LevelRun:
-    mode: str  # "concurrency" or "rate"
-    value: float
-    repeat: int
-    records: list[RequestRecord]
-    started_at: float  # wall clock, for labels
-    client_cpu_s: float = 0.0
-    client_wall_s: float = 0.0
-    loop_lag_p99_ms: float | None = None
-    loop_lag_max_ms: float | None = None
-    workers: int = 1
-    spec_before: dict[str, float] = field(default_factory=dict)
-    spec_after: dict[str, float] = field(default_factory=dict)
-    connections_opened: int = 0
-
-    @property
-    def client_cpu_share(self) -> float:
-        return self.client_cpu_s / self.client_wall_s / self.workers if self.client_wall_s > 0 else 0.0
-
-    @property
-    def client_bottleneck(self) -> bool:
-        return self.client_cpu_share >= CPU_BOTTLENECK or (self.loop_lag_p99_ms or 0.0) >= LAG_BOTTLENECK_MS
-
+from specsweep.records import Level, LevelRun, RequestRecord
+from specsweep.server_api import bearer
 
 FD_MARGIN = 64
 
@@ -86,15 +55,6 @@ def ensure_fd_limit(connections: int) -> int:
             f"(hard limit {hard}): raise it (ulimit -n {need}) or spread the level over several client workers"
         )
     return soft
-
-
-def make_pool(base_url: str, max_connections: int) -> Pool:
-    """One client for a level, its connections as many as the level's concurrency and no more."""
-    return Pool(base_url, max_connections)
-
-
-def auth_headers(opts: RequestOptions) -> dict[str, str]:
-    return {"Authorization": f"Bearer {opts.api_key.get_secret_value()}"} if opts.api_key else {}
 
 
 class _LagMonitor:
@@ -183,71 +143,96 @@ async def _open_loop(send: Any, rate: float, count: int, duration_s: float | Non
     return records
 
 
+Counters = Callable[[], Awaitable[dict[str, float]]]
+
+
+@dataclass(frozen=True)
+class Load:
+    """What the load generator sends at every level: where, how, which prompts, how many."""
+
+    base_url: str
+    request: RequestOptions
+    prompts: tuple[Prompt, ...]
+    output_len: int
+    sweep: SweepConfig
+    model: str | None = None
+    engine: str = "custom"
+
+    @property
+    def count(self) -> int:
+        """Prompts to prepare and requests to send per level (a duration still needs a pool of prompts)."""
+        return self.sweep.num_requests
+
+
+@dataclass(frozen=True)
+class _Share:
+    """One client process's part of a level."""
+
+    level: Level  # its value: this process's share of the concurrency or rate
+    count: int
+    warmup: int
+    seed: int
+    first_index: int = 0
+    start_at: float | None = None
+
+
 async def run_level_in_process(
-    base_url: str,
-    opts: RequestOptions,
-    prompts: list[Prompt],
-    output_len: int,
-    sweep: SweepConfig,
-    mode: str,
-    value: float,
+    load: Load,
+    share: _Share,
     *,
-    repeat: int = 0,
-    model: str | None = None,
-    count: int | None = None,
-    warmup: int | None = None,
-    seed: int = 0,
-    first_index: int = 0,
-    start_at: float | None = None,
+    counters: Counters | None = None,
     on_request: Callable[[RequestRecord], None] | None = None,
 ) -> LevelRun:
     """One level (or one worker's share of it) in this process's event loop."""
-    count = sweep.num_requests if count is None else count
-    warmup = sweep.warmup_requests if warmup is None else warmup
-    conc = int(value) if mode == "concurrency" else (sweep.max_concurrency or max(1, min(1024, count)))
-    url = base_url.rstrip("/") + PATHS[opts.endpoint]
-    headers = auth_headers(opts)
+    level, sweep, opts = share.level, load.sweep, load.request
+    count, warmup = share.count, share.warmup
+    conc = int(level.value) if level.mode == "concurrency" else (sweep.max_concurrency or max(1, min(1024, count)))
+    url = load.base_url.rstrip("/") + PATHS[opts.endpoint]
+    headers = bearer(opts.api_key)
     ensure_fd_limit(conc)
-    pool = make_pool(base_url, max(conc, 1))
-    raws = [pool.request_bytes(PATHS[opts.endpoint], orjson.dumps(request_body(opts, p, output_len, model)), headers)
+    pool = Pool(load.base_url, max(conc, 1))
+    prompts = load.prompts
+    raws = [pool.request_bytes(PATHS[opts.endpoint], orjson.dumps(request_body(opts, p, load.output_len, load.model,
+                                                                               load.engine)), headers)
             for p in prompts]
-    async with httpx.AsyncClient(timeout=30) as client:
-        async def send(rec: RequestRecord, i: int) -> None:
-            p = prompts[i % len(prompts)]
-            if p.input_tokens is not None:
-                rec.prompt_tokens, rec.prompt_tokens_exact = p.input_tokens, p.exact
-            await stream_request(pool, raws[i % len(raws)], rec, opts.endpoint, opts.timeout_s)
-            if on_request is not None and i >= 0:
-                on_request(rec)
 
-        async def warm_send(rec: RequestRecord, i: int) -> None:
-            rec.warmup = True
-            await stream_request(pool, raws[i % len(raws)], rec, opts.endpoint, opts.timeout_s)
+    async def send(rec: RequestRecord, i: int) -> None:
+        p = prompts[i % len(prompts)]
+        if p.input_tokens is not None:
+            rec.prompt_tokens, rec.prompt_tokens_exact = p.input_tokens, p.exact
+        await stream_request(pool, raws[i % len(raws)], rec, opts.endpoint, opts.timeout_s)
+        if on_request is not None and i >= 0:
+            on_request(rec)
 
-        if warmup:
-            warm = await _closed_loop(warm_send, min(conc, warmup), warmup, None, -warmup)
-            if all(not r.ok for r in warm):
-                first = warm[0]
-                raise RuntimeError(
-                    f"all {warmup} warm-up requests to {url} failed ({first.error_type}: {first.error_message}); "
-                    "check the URL, endpoint and API key"
-                )
-        await pool.prefill(min(conc, 4096))  # no TCP setup inside the timed path
-        spec_before = await read_spec_counters(client, base_url, headers)
-        if start_at is not None:
-            await asyncio.sleep(max(0.0, start_at - time.perf_counter()))
-        started_at = time.time()
-        cpu0, wall0 = time.process_time(), time.perf_counter()
-        with _LagMonitor() as lag:
-            if mode == "concurrency":
-                records = await _closed_loop(send, conc, count, sweep.duration_s, first_index)
-            else:
-                records = await _open_loop(send, value, count, sweep.duration_s, sweep.max_concurrency, seed, first_index)
-        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
-        pool.close()
-        spec_after = await read_spec_counters(client, base_url, headers)
+    async def warm_send(rec: RequestRecord, i: int) -> None:
+        rec.warmup = True
+        await stream_request(pool, raws[i % len(raws)], rec, opts.endpoint, opts.timeout_s)
+
+    if warmup:
+        warm = await _closed_loop(warm_send, min(conc, warmup), warmup, None, -warmup)
+        if all(not r.ok for r in warm):
+            first = warm[0]
+            raise RuntimeError(
+                f"all {warmup} warm-up requests to {url} failed ({first.error_type}: {first.error_message}); "
+                "check the URL, endpoint and API key"
+            )
+    await pool.prefill(min(conc, 4096))  # no TCP setup inside the timed path
+    spec_before = await counters() if counters else {}
+    if share.start_at is not None:
+        await asyncio.sleep(max(0.0, share.start_at - time.perf_counter()))
+    started_at = time.time()
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    with _LagMonitor() as lag:
+        if level.mode == "concurrency":
+            records = await _closed_loop(send, conc, count, sweep.duration_s, share.first_index)
+        else:
+            records = await _open_loop(send, level.value, count, sweep.duration_s, sweep.max_concurrency, share.seed,
+                                       share.first_index)
+    cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+    pool.close()
+    spec_after = await counters() if counters else {}
     p99, worst = lag.stats_ms()
-    return LevelRun(mode, value, repeat, records, started_at, cpu, wall, p99, worst, 1, spec_before, spec_after,
+    return LevelRun(level, records, started_at, cpu, wall, p99, worst, 1, spec_before, spec_after,
                     connections_opened=pool.opened)
 
 
@@ -261,68 +246,69 @@ def run_async(coro: Any) -> Any:
         return asyncio.run(coro)
 
 
-def _worker_entry(kwargs: dict[str, Any]) -> dict[str, Any]:
-    run = run_async(run_level_in_process(**kwargs))
-    return {"records": [r.as_row() for r in run.records], "cpu": run.client_cpu_s, "wall": run.client_wall_s,
+def _worker_entry(load: Load, share: _Share) -> dict[str, Any]:
+    run = run_async(run_level_in_process(load, share))
+    return {"records": [r.as_dict() for r in run.records], "cpu": run.client_cpu_s, "wall": run.client_wall_s,
             "lag_p99": run.loop_lag_p99_ms, "lag_max": run.loop_lag_max_ms, "started_at": run.started_at,
-            "spec_before": run.spec_before, "spec_after": run.spec_after, "connections": run.connections_opened}
+            "connections": run.connections_opened}
 
 
 async def run_level(
-    base_url: str,
-    opts: RequestOptions,
-    prompts: list[Prompt],
-    output_len: int,
-    sweep: SweepConfig,
-    mode: str,
-    value: float,
+    load: Load,
+    level: Level,
     *,
-    repeat: int = 0,
-    model: str | None = None,
+    counters: Counters | None = None,
     on_request: Callable[[RequestRecord], None] | None = None,
 ) -> LevelRun:
-    """One level, in this process or spread over ``sweep.workers`` processes."""
+    """One level, in this process or spread over ``sweep.workers`` processes. ``counters`` reads the
+    server's cumulative counters; it is called right before and right after the timed load."""
+    sweep = load.sweep
     workers = sweep.workers
-    if mode == "concurrency":
-        workers = min(workers, int(value))
+    if level.mode == "concurrency":
+        workers = min(workers, int(level.value))
+    seed = sweep_seed(level)
     if workers <= 1:
-        return await run_level_in_process(base_url, opts, prompts, output_len, sweep, mode, value, repeat=repeat,
-                                          model=model, seed=sweep_seed(sweep, mode, value, repeat), on_request=on_request)
+        share = _Share(level, sweep.num_requests, sweep.warmup_requests, seed)
+        return await run_level_in_process(load, share, counters=counters, on_request=on_request)
     import concurrent.futures
     import multiprocessing
 
     count_shares = [sweep.num_requests // workers + (1 if i < sweep.num_requests % workers else 0) for i in range(workers)]
-    if mode == "concurrency":
-        shares = [int(value) // workers + (1 if i < int(value) % workers else 0) for i in range(workers)]
+    if level.mode == "concurrency":
+        values = [float(int(level.value) // workers + (1 if i < int(level.value) % workers else 0)) for i in range(workers)]
     else:
-        shares = [value / workers] * workers
+        values = [level.value / workers] * workers
     start_at = time.perf_counter() + 3.0 + 0.5 * workers  # all workers start their clocks together
-    jobs, first = [], 0
+    shares, first = [], 0
     for w in range(workers):
-        jobs.append(dict(base_url=base_url, opts=opts, prompts=prompts, output_len=output_len, sweep=sweep, mode=mode,
-                         value=shares[w], repeat=repeat, model=model, count=count_shares[w],
-                         warmup=math.ceil(sweep.warmup_requests / workers), seed=sweep_seed(sweep, mode, value, repeat) + w,
-                         first_index=first, start_at=start_at))
+        shares.append(_Share(level.model_copy(update={"value": values[w]}), count_shares[w],
+                             math.ceil(sweep.warmup_requests / workers), seed + w, first, start_at))
         first += count_shares[w]
     loop = asyncio.get_running_loop()
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
-        results = await asyncio.gather(*(loop.run_in_executor(pool, _worker_entry, j) for j in jobs))
+        running = [loop.run_in_executor(pool, _worker_entry, load, s) for s in shares]
+        # The workers warm up and then wait for start_at: read the counters just before it.
+        await asyncio.sleep(max(0.0, start_at - 0.05 - time.perf_counter()))
+        spec_before = await counters() if counters else {}
+        results = await asyncio.gather(*running)
+    spec_after = await counters() if counters else {}
     records = [RequestRecord(**row) for res in results for row in res["records"]]
     lags = [r["lag_p99"] for r in results if r["lag_p99"] is not None]
     return LevelRun(
-        mode, value, repeat, records, min(r["started_at"] for r in results),
+        level, records, min(r["started_at"] for r in results),
         client_cpu_s=sum(r["cpu"] for r in results), client_wall_s=max(r["wall"] for r in results),
         loop_lag_p99_ms=max(lags) if lags else None,
         loop_lag_max_ms=max((r["lag_max"] for r in results if r["lag_max"] is not None), default=None),
-        workers=workers, spec_before=results[0]["spec_before"], spec_after=results[0]["spec_after"],
+        workers=workers, spec_before=spec_before, spec_after=spec_after,
         connections_opened=sum(r["connections"] for r in results),
     )
 
 
-def sweep_seed(sweep: SweepConfig, mode: str, value: float, repeat: int) -> int:
+def sweep_seed(level: Level) -> int:
     """A seed per level and repeat that is the same in every process and run."""
-    return (int(value * 1000) * 7919 + repeat * 104729 + (0 if mode == "concurrency" else 15485863)) & 0x7FFFFFFF
+    return (int(level.value * 1000) * 7919 + level.repeat * 104729 + (0 if level.mode == "concurrency" else 15485863)) \
+        & 0x7FFFFFFF
 
 
 def cpu_count() -> int:

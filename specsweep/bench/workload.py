@@ -13,10 +13,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
 from specsweep.bench.config import WorkloadConfig
 from specsweep.errors import ConfigError
+from specsweep.server_api import ServerAPI
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "data" / "prompts"
 TOKENS_PER_WORD = 1.3
@@ -38,26 +37,17 @@ class Prompt:
     exact: bool
 
 
-def http_tokenizer(client: httpx.AsyncClient, base_url: str, headers: dict[str, str]) -> Tokenizer:
-    """Count tokens with the server's /tokenize; None when it has none."""
-    state: dict[str, bool] = {"works": True}
+def server_tokenizer(api: ServerAPI) -> Tokenizer:
+    """Count tokens with the server's /tokenize; None (and no further calls) when it has none."""
+    state = {"works": True}
 
     async def count(text: str) -> int | None:
         if not state["works"]:
             return None
-        for body in ({"content": text, "add_special": True}, {"prompt": text}, {"text": text}):
-            try:
-                r = await client.post(base_url + "/tokenize", json=body, headers=headers, timeout=30)
-            except httpx.HTTPError:
-                continue
-            if r.status_code == 200:
-                data = r.json()
-                if isinstance(data.get("tokens"), list):
-                    return len(data["tokens"])
-                if isinstance(data.get("count"), int):
-                    return int(data["count"])
-        state["works"] = False
-        return None
+        n = await api.count_tokens(text)
+        if n is None:
+            state["works"] = False
+        return n
 
     return count
 
@@ -106,10 +96,15 @@ def _read_file(path: Path) -> list[str]:
 def check_source(config: WorkloadConfig) -> None:
     """Read the prompt source once, so that a bad file is refused before any server starts."""
     if config.source == "file":
-        assert config.prompts_file is not None  # the model requires it
-        _read_file(config.prompts_file)
+        _read_file(_prompts_file(config))
     elif config.source == "bundled":
         bundled_prompts(config.bundled_set)
+
+
+def _prompts_file(config: WorkloadConfig) -> Path:
+    if config.prompts_file is None:  # WorkloadConfig refuses this already; for the type checker
+        raise ConfigError("source is 'file' but prompts_file is empty")
+    return config.prompts_file
 
 
 def bundled_prompts(name: str) -> list[str]:
@@ -151,7 +146,7 @@ async def build_prompts(config: WorkloadConfig, count: int, tokenizer: Tokenizer
                 n = await tokenizer(text) or n
             prompts.append(Prompt(text, n, exact=True))
         return prompts
-    texts = bundled_prompts(config.bundled_set) if config.source == "bundled" else _read_file(config.prompts_file)  # type: ignore[arg-type]
+    texts = bundled_prompts(config.bundled_set) if config.source == "bundled" else _read_file(_prompts_file(config))
     out = []
     for i in range(count):
         text = texts[(config.seed + i) % len(texts)]

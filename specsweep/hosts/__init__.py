@@ -1,9 +1,25 @@
-"""Hosts that servers run on: this machine or one reached over SSH."""
+"""Hosts that servers run on: this machine or one reached over SSH.
+
+``open_host(config)`` is the one way a host is opened (lazily: an SSH host connects on its
+first command); a flow or command opens its host once and passes it on.
+"""
+
+from __future__ import annotations
+
+import logging
 
 from specsweep.hosts.base import CommandResult, Host, ProcessInfo
-from specsweep.hosts.config import HostConfig, SSHEndpoint, build_host
+from specsweep.hosts.config import HostConfig, SSHEndpoint
 from specsweep.hosts.local import LocalHost
 from specsweep.hosts.ssh import SSHHost
+
+
+def open_host(config: HostConfig, logger: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None) -> Host:
+    """The host a config describes."""
+    if config.kind == "local" or config.ssh is None:
+        return LocalHost()
+    return SSHHost(config.ssh, jump=config.jump, logger=logger)
+
 
 __all__ = [
     "CommandResult",
@@ -13,5 +29,5 @@ __all__ = [
     "ProcessInfo",
     "SSHEndpoint",
     "SSHHost",
-    "build_host",
+    "open_host",
 ]

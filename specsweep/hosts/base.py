@@ -13,7 +13,7 @@ import re
 import signal
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -100,6 +100,10 @@ class Host(ABC):
 
     def close(self) -> None:  # noqa: B027 - hosts without connections have nothing to close
         pass
+
+    def secrets(self) -> list[str]:
+        """Values that must never reach a log line (SSH keys and passphrases)."""
+        return []
 
     def __enter__(self) -> Host:
         return self
@@ -214,11 +218,11 @@ class Host(ABC):
         result = self.run(["sh", "-c", 'command -v -- "$1"', "sh", program], timeout=30)
         return result.stdout.strip() or None if result.ok else None
 
-    def wait_until(self, predicate: object, timeout: float, interval: float = 0.05) -> bool:
+    def wait_until(self, predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
         """Poll ``predicate()`` until true or ``timeout`` seconds pass."""
         deadline = time.monotonic() + timeout
         while True:
-            if predicate():  # type: ignore[operator]
+            if predicate():
                 return True
             if time.monotonic() >= deadline:
                 return False

@@ -74,20 +74,13 @@ class HostConfig(BaseModel):
             return self.http_address
         return self.ssh.hostname if self.kind == "ssh" and self.ssh else "127.0.0.1"
 
+    def http_url(self, port: int) -> str:
+        """Where the benchmark client reaches a server listening on ``port`` of this host."""
+        return f"http://{self.address}:{port}"
+
     @property
     def label(self) -> str:
         if self.kind == "local" or self.ssh is None:
             return "local"
         user = f"{self.ssh.user}@" if self.ssh.user else ""
         return f"{user}{self.ssh.hostname}:{self.ssh.port}"
-
-
-def build_host(config: HostConfig, logger: object | None = None):  # type: ignore[no-untyped-def]
-    """Open (lazily) the host a config describes."""
-    from specsweep.hosts.local import LocalHost
-    from specsweep.hosts.ssh import SSHHost
-
-    if config.kind == "local":
-        return LocalHost()
-    assert config.ssh is not None
-    return SSHHost(config.ssh, jump=config.jump, logger=logger)  # type: ignore[arg-type]

@@ -200,6 +200,10 @@ class SSHHost(Host):
         with self._lock:
             self._drop()
 
+    def secrets(self) -> list[str]:
+        return [s.get_secret_value() for ep in (self.endpoint, self.jump) if ep is not None
+                for s in (ep.private_key, ep.passphrase) if s is not None]
+
     # -- commands -------------------------------------------------------------------------
 
     def _open_session(self) -> paramiko.Channel:

@@ -314,9 +314,12 @@ class SimServer:
             await out.write(b"data: [DONE]\n\n")
             self._finished_one()
             return resp
+        want_spec = bool(body.get("return_spec_tokens_details")) and self.speculative
+        steps = 0
         async for k in self._tokens(max_tokens):
             text = self._text(k, produced)
             produced += k
+            steps += 1
             finish = "length" if produced >= max_tokens else None
             choice = ({"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": finish}
                       if chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": finish})
@@ -324,6 +327,8 @@ class SimServer:
             if continuous:
                 event["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": produced,
                                   "total_tokens": prompt_tokens + produced}
+            if finish and want_spec:
+                event["sglext"] = {"spec_tokens_details": self._spec_details(produced, steps)}
             await out.write(b"data: " + orjson.dumps(event) + b"\n\n")
             now = _perf()
             times.extend([now] * k)
@@ -344,6 +349,15 @@ class SimServer:
         await out.write(b"data: [DONE]\n\n")
         self._finished_one()
         return resp
+
+    def _spec_details(self, produced: int, steps: int) -> dict[str, Any]:
+        """SGLang's per-request speculation figures (``sglext.spec_tokens_details``): each verify
+        step proposes ``max_draft`` draft tokens and accepts all but the bonus token it emits."""
+        proposed = steps * self.engine.max_draft
+        correct = max(0, produced - steps)
+        return {"spec_verify_ct": steps, "spec_num_proposed_drafts": proposed, "spec_num_correct_drafts": correct,
+                "spec_accept_length": produced / steps if steps else 0.0,
+                "spec_accept_rate": correct / proposed if proposed else 0.0}
 
     async def _instant_stream(self, resp: web.StreamResponse, rid: str, obj: str, created: int, model: str, chat: bool,
                               prompt_tokens: int, n: int, continuous: bool, times: list[float]) -> None:

@@ -41,8 +41,11 @@ def deployed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
                 result = prefect_cli(env, *args)
                 assert result.returncode == 0, f"prefect {' '.join(args)}:\n{result.stdout}\n{result.stderr}"
             worker_log = open(work / "worker.log", "wb")  # noqa: SIM115
+            # The worker starts elsewhere: the deployments' pull step takes each run into the checkout.
+            elsewhere = work / "elsewhere"
+            elsewhere.mkdir()
             worker = subprocess.Popen([PREFECT, "worker", "start", "--pool", "specsweep", "--limit", "4"], env=env,
-                                      cwd=REPO, stdout=worker_log, stderr=subprocess.STDOUT)
+                                      cwd=elsewhere, stdout=worker_log, stderr=subprocess.STDOUT)
             try:
                 with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
                     yield env
@@ -80,16 +83,19 @@ async def test_deployments_register_with_schedules(deployed: dict[str, str]) -> 
             names.add(f"{flow.name}/{d.name}")
             assert d.schedules and all(not s.active for s in d.schedules)  # nightly, defined but off
             assert d.schedules[0].schedule.cron == "0 3 * * *"
+            # No deployment records the deploying machine's path: each run enters the worker's own checkout.
+            assert d.pull_steps == [{"deployments.steps.enter_checkout": {}}], d.pull_steps
+            assert str(REPO) not in str(d.pull_steps) and str(REPO) not in str(d.path or "")
         blocks = await client.read_block_types()
     assert DEPLOYMENTS <= names
-    assert "ssh-host" in {b.slug for b in blocks}
+    assert {"ssh-host", "specsweep-results"} <= {b.slug for b in blocks}
 
 
 async def test_run_with_custom_parameters_completes_with_artifacts_and_logs(deployed: dict[str, str], tmp_path: Path) -> None:
     port = free_port()
-    params = {"sglang": sim_settings(port), "results_dir": str(tmp_path / "results"),
-              "sweep": {"concurrency": [1, 16], "num_requests": 12, "warmup_requests": 2},
-              "workload": {"input_len": 8, "output_len": 24}}
+    params = {"sglang": sim_settings(port),
+              "benchmark": {"sweep": {"concurrency": [1, 16], "num_requests": 12, "warmup_requests": 2},
+                            "workload": {"input_len": 8, "output_len": 24}, "results": str(tmp_path / "results")}}
     async with get_client() as client:
         dep = await client.read_deployment_by_name("compare-sglang-eagle3/sglang")
         run = await client.create_flow_run_from_deployment(dep.id, parameters=params)
@@ -101,13 +107,13 @@ async def test_run_with_custom_parameters_completes_with_artifacts_and_logs(depl
         # after the run is marked Completed: read until the run's last words are there.
         for _ in range(60):
             text = "\n".join(await read_all_logs(client, run.id))
-            if "plots and report: " in text:
+            if "report: " in text:
                 break
             await asyncio.sleep(0.5)
     keys = {a.key for a in arts}
-    assert {"speculation-comparison", "sim-baseline-levels", "sim-eagle3-levels"} <= keys
+    assert {"speculation-local-sim-baseline-vs-sim-eagle3", "sim-baseline-local-levels", "sim-eagle3-local-levels"} <= keys
     # The recommendation itself depends on timing on a busy 2-core machine; that it is there does not.
-    assert "comparison: Speculation" in text and "crossover: " in text and "plots and report: " in text
+    assert "comparison: Speculation" in text and "crossover: " in text and "report: " in text
     assert "[server] " in text and "health attempt" in text
     assert len(ResultsStore(tmp_path / "results").runs()) == 2
     assert pids_with_marker(port) == []
@@ -122,9 +128,9 @@ async def test_two_runs_on_one_host_do_not_overlap(deployed: dict[str, str], tmp
         dep = await client.read_deployment_by_name("eagle3-benchmark/eagle3")
         for _ in range(2):  # different ports: only the host lock keeps them apart
             # Long enough (~15 s each) that the second run is started while the first holds the host.
-            params = {"sglang": sim_settings(free_port()), "results_dir": str(results),
-                      "sweep": {"concurrency": [1, 4], "num_requests": 48, "warmup_requests": 1},
-                      "workload": {"input_len": 8, "output_len": 64}}
+            params = {"sglang": sim_settings(free_port()),
+                      "benchmark": {"sweep": {"concurrency": [1, 4], "num_requests": 48, "warmup_requests": 1},
+                                    "workload": {"input_len": 8, "output_len": 64}, "results": str(results)}}
             runs.append(await client.create_flow_run_from_deployment(dep.id, parameters=params))
     for run in runs:
         done = await wait_done(run.id, timeout=480)
@@ -151,8 +157,8 @@ async def test_bad_parameters_are_refused_when_the_run_is_created(deployed: dict
         dep = await client.read_deployment_by_name("compare-speculation/profiles")
         before = len(await client.read_flow_runs())
         for params, needle in (
-            ({"sweep": {"repeats": 0}}, "repeats"),
-            ({"request": {"api_key": "sk-typed-into-the-form"}}, "api_key"),
+            ({"benchmark": {"sweep": {"repeats": 0}}}, "repeats"),
+            ({"benchmark": {"request": {"api_key": "sk-typed-into-the-form"}}}, "api_key"),
             ({"baseline": {"name": "b", "argv": ["srv"], "port": "eighty"}}, "port"),
         ):
             with pytest.raises(PrefectHTTPStatusError) as err:

@@ -18,11 +18,10 @@ from typing import Any
 
 import pytest
 
-from flows.baseline_benchmark import baseline_benchmark
 from flows.benchmark_config import benchmark_config
 from flows.compare_speculation import compare_local_llamacpp, compare_sglang_eagle3, compare_speculation
-from flows.eagle3_benchmark import eagle3_benchmark
 from flows.server_lifecycle import server_lifecycle
+from flows.sglang_benchmarks import baseline_benchmark, eagle3_benchmark
 from tests.conftest import REPO, TOY
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -70,25 +69,25 @@ def profile(**over: Any) -> dict[str, Any]:
 # (flow, parameters, what the error must say). Each names the field; pydantic's message says
 # what a valid value is, the custom ones say what to do.
 FLOW_CASES: dict[str, tuple[Any, dict[str, Any], list[str]]] = {
-    "concurrency 0": (benchmark_config, {"profile": profile(), "sweep": {"concurrency": [0, 8]}},
-                      ["sweep.concurrency", "every concurrency level must be at least 1"]),
-    "negative wait timeout": (benchmark_config, {"profile": profile(), "stages": {"wait": {"timeout_s": -5}}},
-                              ["stages.wait.timeout_s", "greater than 0"]),
-    "negative request timeout": (benchmark_config, {"profile": profile(), "request": {"timeout_s": -1}},
-                                 ["request.timeout_s", "greater than 0"]),
+    "concurrency 0": (benchmark_config, {"profile": profile(), "benchmark": {"sweep": {"concurrency": [0, 8]}}},
+                      ["benchmark.sweep.concurrency", "every concurrency level must be at least 1"]),
+    "negative wait timeout": (benchmark_config, {"profile": profile(), "benchmark": {"stages": {"wait": {"timeout_s": -5}}}},
+                              ["benchmark.stages.wait.timeout_s", "greater than 0"]),
+    "negative request timeout": (benchmark_config, {"profile": profile(), "benchmark": {"request": {"timeout_s": -1}}},
+                                 ["benchmark.request.timeout_s", "greater than 0"]),
     "negative retries": (server_lifecycle, {"profile": profile(), "stages": {"kill": {"retries": -1}}},
                          ["stages.kill.retries", "greater than or equal to 0"]),
     "port as text": (benchmark_config, {"profile": profile(port="eighty")}, ["profile.port", "valid integer"]),
     "port out of range": (benchmark_config, {"profile": profile(port=70000)}, ["profile.port", "less than or equal to 65535"]),
     "unknown profile field": (benchmark_config, {"profile": profile(colour="red")}, ["profile.colour", "Extra inputs"]),
-    "unknown sweep field": (benchmark_config, {"profile": profile(), "sweep": {"concurency": [1]}},
-                            ["sweep.concurency", "Extra inputs"]),
+    "unknown sweep field": (benchmark_config, {"profile": profile(), "benchmark": {"sweep": {"concurency": [1]}}},
+                            ["benchmark.sweep.concurency", "Extra inputs"]),
     "argv as a string": (benchmark_config, {"profile": profile(argv="python -m sglang.launch_server")},
                          ["profile.argv", "valid list"]),
-    "output length 0": (benchmark_config, {"profile": profile(), "workload": {"output_len": 0}},
-                        ["workload.output_len", "greater than or equal to 1"]),
-    "file source without a file": (benchmark_config, {"profile": profile(), "workload": {"source": "file"}},
-                                   ["workload", "prompts_file"]),
+    "output length 0": (benchmark_config, {"profile": profile(), "benchmark": {"workload": {"output_len": 0}}},
+                        ["benchmark.workload.output_len", "greater than or equal to 1"]),
+    "file source without a file": (benchmark_config, {"profile": profile(), "benchmark": {"workload": {"source": "file"}}},
+                                   ["benchmark.workload", "prompts_file"]),
     "SSH port 0": (benchmark_config, {"profile": profile(), "host": {"kind": "ssh", "ssh": {"hostname": "gpu", "port": 0}}},
                    ["host.ssh.port", "greater than or equal to 1"]),
     "ssh host without its settings": (benchmark_config, {"profile": profile(), "host": {"kind": "ssh"}},
@@ -97,8 +96,9 @@ FLOW_CASES: dict[str, tuple[Any, dict[str, Any], list[str]]] = {
     "steps as text": (baseline_benchmark, {"sglang": {"num_steps": "three"}}, ["sglang.num_steps", "valid integer"]),
     "unknown sglang field": (compare_sglang_eagle3, {"sglang": {"speculative_algo": "EAGLE3"}},
                              ["sglang.speculative_algo", "Extra inputs"]),
-    "repeats 0": (compare_speculation, {"baseline": profile(), "speculative": profile(name="spec"), "sweep": {"repeats": 0}},
-                  ["sweep.repeats", "greater than or equal to 1"]),
+    "repeats 0": (compare_speculation, {"baseline": profile(), "speculative": profile(name="spec"),
+                                        "benchmark": {"sweep": {"repeats": 0}}},
+                  ["benchmark.sweep.repeats", "greater than or equal to 1"]),
     "llama.cpp slots 0": (compare_local_llamacpp, {"llamacpp": {"parallel": 0}}, ["llamacpp.parallel", "greater than or equal to 1"]),
 }
 
@@ -108,8 +108,8 @@ async def test_flow_refuses_bad_parameters_before_touching_the_host(case: str, t
     flow, params, needles = FLOW_CASES[case]
     if "host" in flow.parameters.properties and "host" not in params:  # type: ignore[attr-defined]
         params = {**params, "host": tripwire_host(tripwire, tmp_path)}
-    if "results_dir" in flow.parameters.properties:  # type: ignore[attr-defined]
-        params = {**params, "results_dir": str(tmp_path / "results")}
+    if "benchmark" in flow.parameters.properties:  # type: ignore[attr-defined]
+        params = {**params, "benchmark": {**params.get("benchmark", {}), "results": str(tmp_path / "results")}}
     before = tripwire.connections
     state = await flow(**params, return_state=True)
     assert state.is_failed()
@@ -148,8 +148,8 @@ async def test_bad_prompt_files_are_refused_before_touching_the_host(kind: str, 
     path = prompts_file(tmp_path, kind)
     before = tripwire.connections
     state = await benchmark_config(profile=profile(), host=tripwire_host(tripwire, tmp_path),  # type: ignore[arg-type]
-                                   workload={"source": "file", "prompts_file": str(path)},  # type: ignore[arg-type]
-                                   results_dir=str(tmp_path / "results"), return_state=True)
+                                   benchmark={"workload": {"source": "file", "prompts_file": str(path)},  # type: ignore[arg-type]
+                                              "results": str(tmp_path / "results")}, return_state=True)
     assert state.is_failed()
     assert f"prompts_file {path}" in (state.message or "") and PROMPT_CASES[kind] in (state.message or ""), state.message
     assert tripwire.connections == before, "the host was touched"
@@ -159,7 +159,7 @@ async def test_missing_secret_block_is_named_before_touching_the_host(tripwire: 
     before = tripwire.connections
     state = await benchmark_config(profile=profile(api_key_secret="no-such-secret"),  # type: ignore[arg-type]
                                    host=tripwire_host(tripwire, tmp_path), return_state=True,  # type: ignore[arg-type]
-                                   results_dir=str(tmp_path / "results"))
+                                   benchmark={"results": str(tmp_path / "results")})  # type: ignore[arg-type]
     assert state.is_failed()
     assert "profile.api_key_secret: there is no Prefect Secret block named 'no-such-secret'" in (state.message or "")
     assert tripwire.connections == before
@@ -168,8 +168,9 @@ async def test_missing_secret_block_is_named_before_touching_the_host(tripwire: 
 async def test_unresolvable_host_is_a_clear_error(tmp_path: Path) -> None:
     host = {"kind": "ssh", "ssh": {"hostname": "gpu-box.does-not-exist.invalid", "user": "root", "use_agent": False,
                                    "connect_timeout_s": 3}}
-    state = await benchmark_config(profile=profile(), host=host, results_dir=str(tmp_path / "results"),  # type: ignore[arg-type]
-                                   stages={"kill": {"retries": 0}}, return_state=True)  # type: ignore[arg-type]
+    state = await benchmark_config(profile=profile(), host=host, return_state=True,  # type: ignore[arg-type]
+                                   benchmark={"results": str(tmp_path / "results"),  # type: ignore[arg-type]
+                                              "stages": {"kill": {"retries": 0}}})
     assert state.is_failed()
     assert "cannot resolve SSH host 'gpu-box.does-not-exist.invalid'" in (state.message or "")
     assert "ssh.hostname" in (state.message or "")
@@ -183,8 +184,9 @@ async def test_port_in_use_names_the_holder_and_the_fix(tmp_path: Path) -> None:
         holder.bind(("127.0.0.1", 0))
         holder.listen(1)
         port = holder.getsockname()[1]
-        state = await benchmark_config(profile=profile(port=port), results_dir=str(tmp_path / "results"),  # type: ignore[arg-type]
-                                       stages={"start": {"retries": 0}}, return_state=True)  # type: ignore[arg-type]
+        state = await benchmark_config(profile=profile(port=port), return_state=True,  # type: ignore[arg-type]
+                                       benchmark={"results": str(tmp_path / "results"),  # type: ignore[arg-type]
+                                                  "stages": {"start": {"retries": 0}}})
         assert state.is_failed()
         message = state.message or ""
         assert f"port {port} on local is already in use by" in message and "kill_port_holder" in message

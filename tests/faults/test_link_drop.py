@@ -23,10 +23,11 @@ import pandas as pd
 import pytest
 
 from flows.benchmark_config import benchmark_config
-from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
+from specsweep.bench.config import RequestParams, SweepConfig, WorkloadConfig
 from specsweep.hosts.config import HostConfig, SSHEndpoint
 from specsweep.presets import sglang_baseline
 from specsweep.profiles import ServerProfile
+from specsweep.settings import BenchmarkSettings
 from specsweep.stages import LifecycleOptions, StageOptions
 from specsweep.store import ResultsStore
 from tests.conftest import pids_with_marker
@@ -112,9 +113,9 @@ async def test_link_drop_while_waiting_for_health_reconnects_and_completes(remot
 
     cutter = in_background(pull_the_cable)
     state = await benchmark_config(
-        profile, host=remote.host, workload=WorkloadConfig(input_len=16, output_len=16),
-        sweep=SweepConfig(concurrency=[1, 4], num_requests=8, warmup_requests=1),
-        results_dir=str(tmp_path / "results"), return_state=True,
+        profile, host=remote.host, return_state=True, benchmark=BenchmarkSettings(
+            workload=WorkloadConfig(input_len=16, output_len=16), results=str(tmp_path / "results"),
+            sweep=SweepConfig(concurrency=[1, 4], num_requests=8, warmup_requests=1)),
     )
     cutter.join(30)
     assert events == ["cut", "restored"]
@@ -145,11 +146,11 @@ async def test_link_drop_during_a_level_keeps_the_levels_and_still_kills_the_ser
 
     cutter = in_background(pull_the_cable)
     state = await benchmark_config(
-        profile, host=remote.host, workload=WorkloadConfig(input_len=16, output_len=400),  # ~1 s per request
-        # No warm-up: the cut falls in the measured requests of the second level.
-        sweep=SweepConfig(concurrency=[1, 2, 4], num_requests=8, warmup_requests=0),
-        request=RequestOptions(timeout_s=3),
-        results_dir=str(results), return_state=True,
+        profile, host=remote.host, return_state=True, benchmark=BenchmarkSettings(
+            workload=WorkloadConfig(input_len=16, output_len=400),  # ~1 s per request
+            # No warm-up: the cut falls in the measured requests of the second level.
+            sweep=SweepConfig(concurrency=[1, 2, 4], num_requests=8, warmup_requests=0),
+            request=RequestParams(timeout_s=3), results=str(results)),
     )
     cutter.join(30)
     assert events == ["cut", "restored"]
@@ -183,11 +184,11 @@ async def test_link_down_for_good_fails_cleanly_and_the_next_run_removes_the_str
     t0 = time.monotonic()
     try:
         state = await benchmark_config(
-            profile, host=remote.host, workload=WorkloadConfig(input_len=16, output_len=64),
-            sweep=SweepConfig(concurrency=[1, 2, 4], num_requests=4, warmup_requests=1),
-            request=RequestOptions(timeout_s=3),
-            stages=LifecycleOptions(kill=StageOptions(retries=0, timeout_s=60)),
-            results_dir=str(results), return_state=True,
+            profile, host=remote.host, return_state=True, benchmark=BenchmarkSettings(
+                workload=WorkloadConfig(input_len=16, output_len=64),
+                sweep=SweepConfig(concurrency=[1, 2, 4], num_requests=4, warmup_requests=1),
+                request=RequestParams(timeout_s=3),
+                stages=LifecycleOptions(kill=StageOptions(retries=0, timeout_s=60)), results=str(results)),
         )
         took = time.monotonic() - t0
         cutter.join(30)
@@ -204,9 +205,9 @@ async def test_link_down_for_good_fails_cleanly_and_the_next_run_removes_the_str
         remote.net.restore()
     # The next run on that host starts by killing leftovers: the stray goes.
     again = await benchmark_config(
-        profile, host=remote.host, workload=WorkloadConfig(input_len=16, output_len=16),
-        sweep=SweepConfig(concurrency=[1], num_requests=2, warmup_requests=0),
-        results_dir=str(tmp_path / "results2"), return_state=True,
+        profile, host=remote.host, return_state=True, benchmark=BenchmarkSettings(
+            workload=WorkloadConfig(input_len=16, output_len=16), results=str(tmp_path / "results2"),
+            sweep=SweepConfig(concurrency=[1], num_requests=2, warmup_requests=0)),
     )
     assert again.is_completed(), again.message
     logs = await flow_logs(again.state_details.flow_run_id)

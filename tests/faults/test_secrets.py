@@ -45,13 +45,13 @@ async def test_nothing_a_run_leaves_shows_the_ssh_key_or_the_api_key(
     profile = profile.model_copy(update={"api_key_secret": "engine-key", "log_path": str(tmp_path / "server.log")})
     results = tmp_path / "results"
     state = await benchmark_config(
-        profile=profile, host_block="loopback-gpu", results_dir=str(results),
-        sweep={"concurrency": [2], "num_requests": 6, "warmup_requests": 1},  # type: ignore[arg-type]
-        workload={"input_len": 8, "output_len": 8}, return_state=True,  # type: ignore[arg-type]
+        profile=profile, host_block="loopback-gpu", return_state=True,
+        benchmark={"sweep": {"concurrency": [2], "num_requests": 6, "warmup_requests": 1},  # type: ignore[arg-type]
+                   "workload": {"input_len": 8, "output_len": 8}, "results": str(results)},
     )
     assert state.is_completed(), state
     result = await state.result()
-    assert result.levels[0]["completed"] == 6  # the key reached the server: it accepted the requests
+    assert result.levels[0].completed == 6  # the key reached the server: it accepted the requests
     assert pids_with_marker(port) == []
     assert API_KEY in (tmp_path / "server.log").read_text()  # the server itself did print it
 
@@ -82,11 +82,12 @@ async def test_nothing_a_run_leaves_shows_the_ssh_key_or_the_api_key(
 async def test_a_key_given_as_a_flow_parameter_is_refused_before_anything_runs(tmp_path: Path) -> None:
     port = free_port()
     profile = sglang_baseline("/models/kimi", simulate=True, sim_profile="tiny-fast", port=port).as_parameters()
-    state = await benchmark_config(profile={**profile, "api_key": API_KEY}, request={"api_key": API_KEY},  # type: ignore[arg-type]
-                                   results_dir=str(tmp_path / "results"), return_state=True)
+    state = await benchmark_config(profile={**profile, "api_key": API_KEY}, return_state=True,  # type: ignore[arg-type]
+                                   benchmark={"request": {"api_key": API_KEY},  # type: ignore[arg-type]
+                                              "results": str(tmp_path / "results")})
     assert state.is_failed()
     assert "profile: Value error, api_key is not accepted" in state.message  # type: ignore[operator]
-    assert "request: Value error, api_key is not accepted" in state.message  # type: ignore[operator]
+    assert "benchmark.request: Value error, api_key is not accepted" in state.message  # type: ignore[operator]
     assert "api_key_secret" in state.message  # type: ignore[operator]
     assert API_KEY not in state.message  # type: ignore[operator]
     assert not (tmp_path / "results").exists() and pids_with_marker(port) == []

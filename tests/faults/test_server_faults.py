@@ -17,8 +17,9 @@ import pandas as pd
 import pytest
 
 from flows.benchmark_config import benchmark_config
-from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
+from specsweep.bench.config import RequestParams, SweepConfig, WorkloadConfig
 from specsweep.presets import sglang_baseline
+from specsweep.settings import BenchmarkSettings
 from specsweep.store import ResultsStore
 from tests.conftest import pids_with_marker
 from tests.helpers.logs import flow_logs
@@ -72,8 +73,9 @@ async def test_server_fault(name: str, tmp_path: Path) -> None:
     sweep = {"concurrency": [1, 2], "num_requests": 4, "warmup_requests": 1, **case.sweep}
     t0 = time.monotonic()
     state = await benchmark_config(
-        profile, workload=WorkloadConfig(input_len=8, output_len=32), sweep=SweepConfig.model_validate(sweep),
-        request=RequestOptions(timeout_s=case.timeout_s), results_dir=str(results), return_state=True,
+        profile, return_state=True, benchmark=BenchmarkSettings(
+            workload=WorkloadConfig(input_len=8, output_len=32), sweep=SweepConfig.model_validate(sweep),
+            request=RequestParams(timeout_s=case.timeout_s), results=str(results)),
     )
     took = time.monotonic() - t0
     assert state.is_completed() is case.completed, state.message

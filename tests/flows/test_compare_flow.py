@@ -15,8 +15,10 @@ from prefect.states import Cancelling, Scheduled
 from flows.compare_speculation import compare_speculation
 from specsweep.bench.config import SweepConfig, WorkloadConfig
 from specsweep.presets import sglang_baseline, sglang_eagle3
+from specsweep.settings import BenchmarkSettings
 from specsweep.store import ResultsStore
 from tests.conftest import pids_with_marker
+from tests.helpers.logs import flow_logs
 from tests.helpers.runner import serving, wait_for_deployment, wait_for_state
 from tests.helpers.sshd import free_port
 
@@ -35,9 +37,10 @@ async def test_compare_speculation_end_to_end(tmp_path: Path) -> None:
     base, spec = sim_profiles(port)
     results = tmp_path / "results"
     state = await compare_speculation(
-        base, spec, workload=WorkloadConfig(input_len=16, output_len=32),
-        sweep=SweepConfig(concurrency=[1, 4, 16], num_requests=16, warmup_requests=2, repeats=2),
-        results_dir=str(results), return_state=True,
+        base, spec, benchmark=BenchmarkSettings(
+            workload=WorkloadConfig(input_len=16, output_len=32), results=str(results),
+            sweep=SweepConfig(concurrency=[1, 4, 16], num_requests=16, warmup_requests=2, repeats=2)),
+        return_state=True,
     )
     result = await state.result()
     comp = result.comparison
@@ -55,7 +58,7 @@ async def test_compare_speculation_end_to_end(tmp_path: Path) -> None:
     assert set(runs["engine_version"]) == {"sglang 0.5.4-specsweep-sim"}
     levels = pd.read_parquet(results / "levels")
     assert len(levels) == 2 * 3 * 2
-    plots = list((results / "plots").glob("*/*.png"))
+    plots = list((results / "reports").glob("*/*.png"))
     assert sorted(p.name for p in plots) == ["latency.png", "speedup.png", "throughput.png"]
     assert all(p.stat().st_size < 400_000 for p in plots)
 
@@ -63,10 +66,15 @@ async def test_compare_speculation_end_to_end(tmp_path: Path) -> None:
         arts = await client.read_artifacts(artifact_filter=ArtifactFilter(
             flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])))
     by_key = {a.key: a for a in arts if a.key}
-    report = by_key["speculation-comparison"]
+    # Each host and pair of configurations has its own history in the UI.
+    report = by_key["speculation-local-sglang-baseline-vs-sglang-eagle3"]
     assert "disable it at 16 and above" in report.data and "data:image/png;base64," in report.data
-    assert "sglang-baseline-levels" in by_key and "sglang-eagle3-levels" in by_key
+    assert "sglang-baseline-local-levels" in by_key and "sglang-eagle3-local-levels" in by_key
     assert any(a.type == "progress" for a in arts)
+    # The artifacts link to the data wherever it lies (here a file:// URL of the shared folder).
+    # (A link artifact is kept as markdown: "[text](address)".)
+    assert f"]({results.resolve().as_uri()}/levels/run_id=" in by_key["sglang-baseline-local-data"].data
+    assert "/report.md)" in by_key["speculation-local-sglang-baseline-vs-sglang-eagle3-report"].data
 
 
 async def test_retry_like_the_ui_reuses_finished_levels(tmp_path: Path) -> None:
@@ -79,9 +87,8 @@ async def test_retry_like_the_ui_reuses_finished_levels(tmp_path: Path) -> None:
     results = tmp_path / "results"
     params = {
         "profile": base.as_parameters(),
-        "sweep": {"concurrency": [1, 2, 4], "num_requests": 10, "warmup_requests": 2},
-        "workload": {"input_len": 8, "output_len": 16},
-        "results_dir": str(results),
+        "benchmark": {"sweep": {"concurrency": [1, 2, 4], "num_requests": 10, "warmup_requests": 2},
+                      "workload": {"input_len": 8, "output_len": 16}, "results": str(results)},
     }
     with serving("flows.benchmark_config", "benchmark_config", "retry-test"):
         await wait_for_deployment("benchmark-config/retry-test")
@@ -104,14 +111,14 @@ async def test_retry_like_the_ui_reuses_finished_levels(tmp_path: Path) -> None:
     for tr in task_runs:
         if tr.name.startswith("benchmark "):
             bench.setdefault(tr.name, []).append(tr.state.name)
-    assert sorted(bench) == ["benchmark sglang-baseline concurrency=1.0 #0", "benchmark sglang-baseline concurrency=2.0 #0",
-                             "benchmark sglang-baseline concurrency=4.0 #0"]
+    assert sorted(bench) == ["benchmark sglang-baseline C=1 #0", "benchmark sglang-baseline C=2 #0",
+                             "benchmark sglang-baseline C=4 #0"]
     # Levels 1 and 2: measured once, then taken from the persisted result on the retry.
-    assert sorted(bench["benchmark sglang-baseline concurrency=1.0 #0"]) == ["Cached", "Completed"], bench
-    assert sorted(bench["benchmark sglang-baseline concurrency=2.0 #0"]) == ["Cached", "Completed"], bench
+    assert sorted(bench["benchmark sglang-baseline C=1 #0"]) == ["Cached", "Completed"], bench
+    assert sorted(bench["benchmark sglang-baseline C=2 #0"]) == ["Cached", "Completed"], bench
     # Level 3: measured on the retry. (On the first try it failed at its warm-up, or never
     # started: when the dying server's last answer fails, the sweep stops right after level 2.)
-    assert sorted(bench["benchmark sglang-baseline concurrency=4.0 #0"]) in (["Completed"], ["Completed", "Failed"]), bench
+    assert sorted(bench["benchmark sglang-baseline C=4 #0"]) in (["Completed"], ["Completed", "Failed"]), bench
     files = {p.name: p.stat().st_mtime_ns for p in (results / "levels").glob("*/*.parquet")}
     assert len(files) == 3
     assert all(files[name] == mtime for name, mtime in first_files.items())  # not measured again
@@ -123,9 +130,8 @@ def endless_level(port: int, tmp_path: Path) -> dict[str, object]:
     base, _ = sim_profiles(port)
     return {
         "profile": base.as_parameters(),
-        "sweep": {"concurrency": [1], "num_requests": 100000, "warmup_requests": 1},
-        "workload": {"input_len": 8, "output_len": 64},
-        "results_dir": str(tmp_path / "results"),
+        "benchmark": {"sweep": {"concurrency": [1], "num_requests": 100000, "warmup_requests": 1},
+                      "workload": {"input_len": 8, "output_len": 64}, "results": str(tmp_path / "results")},
     }
 
 
@@ -182,8 +188,9 @@ async def test_flow_process_killed_outright_the_crash_hook_kills_the_server(tmp_
                 break
             await asyncio.sleep(0.25)
     assert pids_with_marker(port) == []
-    runner_log = (Path(__file__).resolve().parents[2] / "data" / ".runner-crash-test.log").read_text()
-    assert "(Crashed): killed 1 process(es)" in runner_log  # the hook, in the runner process, did it
+    # The hook ran in the runner process, and said what it killed in the flow run's own log (the UI's).
+    messages = await flow_logs(run.id, until="(Crashed): killed 1 process(es)")
+    assert any("(Crashed): killed 1 process(es)" in m for m in messages), messages[-5:]
     await assert_host_given_back()
 
 
@@ -211,8 +218,8 @@ async def test_retry_after_the_speculative_server_fails_to_start_keeps_the_basel
     results = tmp_path / "results"
     params = {
         "baseline": base.as_parameters(), "speculative": spec.as_parameters(),
-        "sweep": {"concurrency": [1, 4], "num_requests": 8, "warmup_requests": 1},
-        "workload": {"input_len": 8, "output_len": 16}, "results_dir": str(results),
+        "benchmark": {"sweep": {"concurrency": [1, 4], "num_requests": 8, "warmup_requests": 1},
+                      "workload": {"input_len": 8, "output_len": 16}, "results": str(results)},
     }
     with serving("flows.compare_speculation", "compare_speculation", "retry-spec"):
         await wait_for_deployment("compare-speculation/retry-spec")

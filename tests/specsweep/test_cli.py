@@ -72,28 +72,31 @@ def test_preset_writes_a_profile_the_server_commands_read(tmp_path: Path) -> Non
 
 
 def test_runs_report_and_compare_from_the_store(tmp_path: Path) -> None:
+    from specsweep.records import LevelRow, RunRow
     from specsweep.store import ResultsStore
 
-    store = ResultsStore(tmp_path / "res")
+    root = tmp_path / "res"
+    store = ResultsStore(root)
     fp = {"gpu": "none (CPU)", "gpu_count": 0, "driver": None, "engine_version": "sglang x", "model": "m"}
     for run_id, name, tps in (("base1", "baseline", [100.0, 300.0]), ("spec1", "eagle3", [150.0, 200.0])):
-        store.write_run(run_id, {"config_name": name, "engine": "sglang", "host": "local", "started_at": run_id,
-                                 "status": "completed", "command": "python -m sglang.launch_server --speculative-num-steps 3",
-                                 **fp})
+        store.write_run(run_id, RunRow.model_validate(
+            {"config_name": name, "engine": "sglang", "host": "local", "started_at": run_id, "status": "completed",
+             "command": "python -m sglang.launch_server --speculative-num-steps 3", **fp}))
         for i, (c, t) in enumerate(zip([1, 8], tps)):
-            store.write_level(run_id, f"L{i:03d}", {"mode": "concurrency", "concurrency": c, "repeat": 0, "level_index": i,
-                                                   "output_tokens_per_s": t, "completed": 4, "failed": 0}, [])
-    out = cli("runs", "--results", str(store.root)).stdout
+            store.write_level(run_id, f"L{i:03d}", LevelRow(config_name=name, mode="concurrency", concurrency=c,
+                                                            level_index=i, output_tokens_per_s=t, completed=4), [])
+    out = cli("runs", "--results", str(root)).stdout
     assert "base1" in out and "spec1" in out and "completed" in out
-    out = cli("compare", "base1", "spec1", "--results", str(store.root)).stdout
+    out = cli("compare", "base1", "spec1", "--results", str(root)).stdout
     assert "Speculation pays up to 1 concurrent request; disable it at 8 and above." in out
     assert '{"1-7": 3, "8-4096": 0}' in out
-    assert (store.root / "plots" / "base1--spec1" / "speedup.png").exists()
-    out = cli("report", "base1", "--results", str(store.root)).stdout
+    assert (root / "reports" / "base1--spec1" / "speedup.png").exists()
+    out = cli("report", "base1", "--results", str(root)).stdout
     assert "C=1" in out and "C=8" in out
-    store.write_run("spec2", {"config_name": "eagle3", "engine": "sglang", "host": "local", "started_at": "x",
-                              "status": "completed", **dict(fp, engine_version="sglang y")})
-    store.write_level("spec2", "L000", {"mode": "concurrency", "concurrency": 1, "repeat": 0, "level_index": 0,
-                                        "output_tokens_per_s": 1.0}, [])
-    refused = cli("compare", "base1", "spec2", "--results", str(store.root), check=False)
+    store.write_run("spec2", RunRow.model_validate({"config_name": "eagle3", "engine": "sglang", "host": "local",
+                                                    "started_at": "x", "status": "completed",
+                                                    **dict(fp, engine_version="sglang y")}))
+    store.write_level("spec2", "L000", LevelRow(config_name="eagle3", mode="concurrency", concurrency=1, level_index=0,
+                                                output_tokens_per_s=1.0), [])
+    refused = cli("compare", "base1", "spec2", "--results", str(root), check=False)
     assert refused.returncode == 2 and "engine_version: 'sglang x' vs 'sglang y'" in refused.stderr

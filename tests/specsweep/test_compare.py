@@ -7,6 +7,7 @@ import pytest
 
 from specsweep.compare import check_fingerprints, compare_levels, comparison_markdown, speculative_tokens_from_command
 from specsweep.errors import ConfigError
+from specsweep.records import RunRow
 
 
 def levels(values: dict[int, list[float]]) -> pd.DataFrame:
@@ -63,12 +64,14 @@ def test_no_common_levels_is_an_error() -> None:
 
 
 def test_unlike_environments_are_refused_unless_allowed() -> None:
-    a = {"gpu": "NVIDIA RTX PRO 6000", "gpu_count": 8, "driver": "580.1", "engine_version": "sglang 0.5.4", "model": "kimi"}
-    b = dict(a, driver="575.0")
+    a = RunRow(config_name="a", gpu="NVIDIA RTX PRO 6000", gpu_count=8, driver="580.1", engine_version="sglang 0.5.4",
+               model="kimi")
+    b = a.model_copy(update={"driver": "575.0"})
     with pytest.raises(ConfigError, match="driver: '580.1' vs '575.0'"):
         check_fingerprints(a, b, allow_mismatch=False)
     assert check_fingerprints(a, b, allow_mismatch=True) == ["driver: '580.1' vs '575.0'"]
-    assert check_fingerprints(a, dict(a, gpu=None), allow_mismatch=False) == []  # unknown is not a difference
+    unknown = a.model_copy(update={"gpu": None})
+    assert check_fingerprints(a, unknown, allow_mismatch=False) == []  # unknown is not a difference
 
 
 def test_speculative_tokens_from_command() -> None:

@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 
 from specsweep.errors import HostError, HostKeyError
-from specsweep.health import wait_for_health
-from specsweep.hosts import HostConfig, SSHEndpoint, SSHHost, build_host
+from specsweep.hosts import HostConfig, SSHEndpoint, SSHHost, open_host
 from specsweep.lifecycle import kill_server, start_server
-from tests.conftest import TOY, pids_alive, toy_profile
+from tests.conftest import TOY, pids_alive, toy_profile, wait_ready
 from tests.helpers.sshd import SSHServer, start_sshd
 
 
@@ -24,7 +23,7 @@ def endpoint(server: SSHServer, key: Path, known: Path, **kw: object) -> SSHEndp
 
 
 def test_run_returns_output_and_exit_code(ssh_host_config: HostConfig) -> None:
-    with build_host(ssh_host_config) as host:
+    with open_host(ssh_host_config) as host:
         r = host.run(["sh", "-c", "echo out; echo err >&2; exit 3"])
         assert (r.exit_code, r.stdout, r.stderr) == (3, "out\n", "err\n")
         big = host.run(["head", "-c", "300000", "/dev/zero"])
@@ -42,7 +41,7 @@ def test_key_given_as_secret_text(sshd: SSHServer, ssh_keys: tuple[Path, str], k
 
 def test_argument_with_shell_metacharacters_arrives_literally(ssh_host_config: HostConfig, tmp_path: Path) -> None:
     hostile = "; touch /tmp/pwned-ssh $(touch /tmp/pwned-ssh) `touch /tmp/pwned-ssh` 'x' \"y\" \n z *"
-    with build_host(ssh_host_config) as host:
+    with open_host(ssh_host_config) as host:
         r = host.run([sys.executable, "-c", "import json,sys; print(json.dumps(sys.argv[1:]))", hostile, "$HOME"])
     assert json.loads(r.stdout) == [hostile, "$HOME"]
     assert not Path("/tmp/pwned-ssh").exists()
@@ -108,7 +107,7 @@ def jump_pair(tmp_path_factory: pytest.TempPathFactory, ssh_keys: tuple[Path, st
 def test_jump_host(jump_pair, ssh_keys: tuple[Path, str]) -> None:  # type: ignore[no-untyped-def]
     target, bastion, _, known = jump_pair
     cfg = HostConfig(kind="ssh", ssh=endpoint(target, ssh_keys[0], known), jump=endpoint(bastion, ssh_keys[0], known))
-    with build_host(cfg) as host:
+    with open_host(cfg) as host:
         assert host.run(["echo", "via bastion"]).stdout == "via bastion\n"
     time.sleep(0.2)
     assert f"127.0.0.2 port {target.port}" in bastion.log  # the bastion opened the tunnel to the target
@@ -118,11 +117,11 @@ def test_jump_host_without_forwarding_is_a_clear_error(jump_pair, ssh_keys: tupl
     target, _, closed, known = jump_pair
     cfg = HostConfig(kind="ssh", ssh=endpoint(target, ssh_keys[0], known), jump=endpoint(closed, ssh_keys[0], known))
     with pytest.raises(HostError, match="could not open a tunnel"):
-        build_host(cfg).run(["true"])
+        open_host(cfg).run(["true"])
 
 
 def test_reconnects_once_when_the_transport_drops(ssh_host_config: HostConfig, caplog: pytest.LogCaptureFixture) -> None:
-    host = build_host(ssh_host_config)
+    host = open_host(ssh_host_config)
     assert host.run(["true"]).ok
     host._client.get_transport().close()  # type: ignore[union-attr]  # the link drops between commands
     with caplog.at_level(logging.WARNING):
@@ -135,11 +134,11 @@ def test_reconnects_once_when_the_transport_drops(ssh_host_config: HostConfig, c
 async def test_lifecycle_over_ssh(ssh_host_config: HostConfig, tmp_path: Path) -> None:
     profile = toy_profile(tmp_path, "--listen-after", "0.2", "--warmup", "0.3", "--spawn-grandchild",
                           "--api-key", "sk-over-ssh-123456")
-    with build_host(ssh_host_config) as host:
+    with open_host(ssh_host_config) as host:
         handle = start_server(host, profile)
         assert handle.host.endswith(f":{ssh_host_config.ssh.port}")  # type: ignore[union-attr]
         lines: list[str] = []
-        report = await wait_for_health(host, profile, handle, address=ssh_host_config.address, on_log_line=lines.append)
+        report = await wait_ready(host, profile, handle, url=ssh_host_config.http_url(profile.port), on_log_line=lines.append)
         assert report.ready
         assert lines and all("sk-over-ssh-123456" not in line for line in lines)
         assert any("***" in line for line in lines)
@@ -150,11 +149,11 @@ async def test_lifecycle_over_ssh(ssh_host_config: HostConfig, tmp_path: Path) -
 
 async def test_server_survives_the_ssh_connection(ssh_host_config: HostConfig, tmp_path: Path) -> None:
     profile = toy_profile(tmp_path)
-    with build_host(ssh_host_config) as host:
+    with open_host(ssh_host_config) as host:
         handle = start_server(host, profile)
     time.sleep(0.5)  # the connection that started it is closed
     assert pids_alive([handle.pid]) == [handle.pid]
-    with build_host(ssh_host_config) as host:
-        await wait_for_health(host, profile, handle)
+    with open_host(ssh_host_config) as host:
+        await wait_ready(host, profile, handle)
         kill_server(host, profile, handle)
     assert TOY  # the toy server ran through the same path as locally

@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 
 from specsweep.errors import HealthTimeoutError, PortBusyError, ServerCrashedError
-from specsweep.health import wait_for_health
 from specsweep.hosts import LocalHost
 from specsweep.lifecycle import find_handle, kill_server, start_server
-from tests.conftest import pids_alive, pids_with_marker
+from tests.conftest import pids_alive, pids_with_marker, wait_ready
 
 
 @pytest.fixture
@@ -25,7 +24,7 @@ async def test_start_wait_kill_leaves_nothing(host: LocalHost, make_toy) -> None
     profile = make_toy("--listen-after", "0.3", "--warmup", "0.5")
     handle = start_server(host, profile)
     lines: list[str] = []
-    report = await wait_for_health(host, profile, handle, on_log_line=lines.append)
+    report = await wait_ready(host, profile, handle, on_log_line=lines.append)
     assert report.ready and report.attempts > 1
     assert 0.7 < report.time_to_ready_s < 10
     assert any("listening on" in line for line in lines), lines  # server log forwarded while waiting
@@ -40,7 +39,7 @@ async def test_startup_crash_fails_fast_with_log_tail(host: LocalHost, make_toy)
     handle = start_server(host, profile)
     t0 = time.monotonic()
     with pytest.raises(ServerCrashedError) as err:
-        await wait_for_health(host, profile, handle)
+        await wait_ready(host, profile, handle)
     assert time.monotonic() - t0 < 2.0
     assert "CUDA out of memory" in str(err.value)  # the log tail is in the error
     assert f"pid {handle.pid}" in str(err.value)
@@ -51,7 +50,7 @@ async def test_never_ready_times_out_with_log_tail(host: LocalHost, make_toy) ->
     handle = start_server(host, profile)
     try:
         with pytest.raises(HealthTimeoutError) as err:
-            await wait_for_health(host, profile, handle, timeout_s=1.5)
+            await wait_ready(host, profile, handle, timeout_s=1.5)
         message = str(err.value)
         assert "HTTP 503" in message and "listening on" in message and "startup_timeout_s" in message
     finally:
@@ -63,7 +62,7 @@ async def test_unexpected_status_is_polled_again_not_ready(host: LocalHost, make
     handle = start_server(host, profile)
     try:
         with pytest.raises(HealthTimeoutError, match="HTTP 500"):
-            await wait_for_health(host, profile, handle, timeout_s=1.0)
+            await wait_ready(host, profile, handle, timeout_s=1.0)
     finally:
         kill_server(host, profile, handle)
 
@@ -72,7 +71,7 @@ async def test_readiness_probe_needs_a_generation(host: LocalHost, make_toy) -> 
     profile = make_toy(readiness_probe=True)
     handle = start_server(host, profile)
     try:
-        report = await wait_for_health(host, profile, handle)
+        report = await wait_ready(host, profile, handle)
         assert report.probe_ok is True
     finally:
         kill_server(host, profile, handle)
@@ -97,11 +96,11 @@ def test_busy_port_names_the_holder(host: LocalHost, make_toy) -> None:  # type:
 async def test_busy_port_killed_first_when_asked(host: LocalHost, make_toy) -> None:  # type: ignore[no-untyped-def]
     stray = make_toy(name="stray")
     stray_handle = start_server(host, stray)
-    await wait_for_health(host, stray, stray_handle)
+    await wait_ready(host, stray, stray_handle)
     profile = make_toy(port=stray.port)
     handle = start_server(host, profile, kill_port_holder=True)
     try:
-        await wait_for_health(host, profile, handle)
+        await wait_ready(host, profile, handle)
         assert pids_alive([stray_handle.pid]) == []
     finally:
         kill_server(host, profile, handle)
@@ -110,7 +109,7 @@ async def test_busy_port_killed_first_when_asked(host: LocalHost, make_toy) -> N
 async def test_tree_with_grandchild_in_own_session_is_killed(host: LocalHost, make_toy) -> None:  # type: ignore[no-untyped-def]
     profile = make_toy("--spawn-grandchild")
     handle = start_server(host, profile)
-    await wait_for_health(host, profile, handle)
+    await wait_ready(host, profile, handle)
     deadline = time.monotonic() + 5
     while len(pids_with_marker(profile.port)) < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -126,7 +125,7 @@ async def test_tree_with_grandchild_in_own_session_is_killed(host: LocalHost, ma
 async def test_sigterm_ignored_gets_sigkill(host: LocalHost, make_toy) -> None:  # type: ignore[no-untyped-def]
     profile = make_toy("--ignore-sigterm", kill_grace_s=0.5)
     handle = start_server(host, profile)
-    await wait_for_health(host, profile, handle)
+    await wait_ready(host, profile, handle)
     report = kill_server(host, profile, handle)
     assert [k.signal for k in report.killed] == ["SIGKILL"]
     assert pids_alive([handle.pid]) == []
@@ -141,7 +140,7 @@ async def test_leftovers_found_without_a_handle(host: LocalHost, make_toy) -> No
     """A later run (another process, no handle) finds the server by its marker and port."""
     profile = make_toy()
     handle = start_server(host, profile)
-    await wait_for_health(host, profile, handle)
+    await wait_ready(host, profile, handle)
     assert find_handle(host, profile).pid == handle.pid  # type: ignore[union-attr]
     report = kill_server(host, profile)  # no handle given
     assert handle.pid in {k.pid for k in report.killed}
@@ -168,7 +167,7 @@ async def test_shell_metacharacters_arrive_literally(host: LocalHost, make_toy, 
     profile = make_toy("--argv-file", str(out), "--", *hostile)
     handle = start_server(host, profile)
     try:
-        await wait_for_health(host, profile, handle)
+        await wait_ready(host, profile, handle)
         argv = json.loads(out.read_text())["argv"]
         assert argv[-len(hostile):] == hostile
         assert not Path("/tmp/pwned-specsweep").exists()
@@ -182,6 +181,6 @@ async def test_secrets_masked_in_handle_report_and_crash_error(host: LocalHost, 
     handle = start_server(host, profile)
     assert secret not in handle.command and "***" in handle.command
     with pytest.raises(ServerCrashedError) as err:
-        await wait_for_health(host, profile, handle)
+        await wait_ready(host, profile, handle)
     assert secret not in str(err.value)
     assert "hf_abcdefghijklmnop" not in profile.masked_env()["HF_TOKEN"]

@@ -13,6 +13,7 @@ from prefect import flow
 from specsweep.llamacpp import baseline_profile, speculative_profile
 from specsweep.llamacpp.models import ModelSpec, make_models
 from specsweep.profiles import ServerProfile
+from specsweep.hosts import LocalHost
 from tasks.server import kill_server, start_server, wait_for_health
 from tests.conftest import pids_with_marker
 from tests.helpers.sshd import free_port
@@ -57,17 +58,17 @@ async def stream_completion(port: int, prompt: str, max_tokens: int) -> tuple[st
 async def test_preset_serves_exact_token_counts(preset: str) -> None:
     port = free_port()
     profile: ServerProfile = (baseline_profile if preset == "baseline" else speculative_profile)(port=port, parallel=2, ctx=2048)
-    host_cfg = __import__("specsweep.hosts.config", fromlist=["HostConfig"]).HostConfig()
+    host = LocalHost()
 
     @flow(name=f"llamacpp-{preset}")
     async def drive() -> tuple[str, int, int, dict, list[str]]:  # type: ignore[type-arg]
-        await kill_server(host_cfg, profile)
-        handle = await start_server(host_cfg, profile)
+        await kill_server(host, profile)
+        handle = await start_server(host, profile)
         try:
-            await wait_for_health(host_cfg, profile, handle)
+            await wait_for_health(host, profile, handle, f"http://127.0.0.1:{port}")
             result = await stream_completion(port, "the water was cold and the river", 48)
         finally:
-            report = await kill_server(host_cfg, profile, handle)
+            report = await kill_server(host, profile, handle)
         return (*result, [k.signal for k in report.killed])
 
     text, chunks, usage, timings, signals = await drive()

@@ -9,11 +9,33 @@ import pandas as pd
 import pytest
 
 from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
-from specsweep.bench.measure import BenchTarget, measure_level, run_sweep
 from specsweep.bench.workload import build_prompts
 from specsweep.errors import ConfigError, StoreError
+from specsweep.records import Level, LevelRow, RequestRow, RunRow
 from specsweep.store import ResultsStore
+from specsweep.sweep import BenchTarget, SweepJob, measure_level, plan, run_levels
 from tests.helpers.sim import running_sim
+
+
+async def measure(target: BenchTarget, workload: WorkloadConfig, sweep: SweepConfig, *, store: ResultsStore,
+                  run_id: str, mode: str = "concurrency", value: float = 1) -> LevelRow:
+    job = SweepJob(run_id=run_id, config_name=run_id, results=str(store), workload=workload, sweep=sweep)
+    return await measure_level(target, job, Level(index=0, mode=mode, value=value))  # type: ignore[arg-type]
+
+
+async def run_sweep(target: BenchTarget, workload: WorkloadConfig, sweep: SweepConfig, *, store: ResultsStore,
+                    run_id: str) -> list[LevelRow]:
+    job = SweepJob(run_id=run_id, config_name=run_id, results=str(store), workload=workload, sweep=sweep)
+    return await run_levels(plan(sweep), lambda lv: measure_level(target, job, lv),
+                            stop_at_saturation=sweep.stop_at_saturation)
+
+
+def lrow(**fields: object) -> LevelRow:
+    return LevelRow.model_validate({"config_name": "c", "level_index": 0, "mode": "concurrency", **fields})
+
+
+def rrow(index: int) -> RequestRow:
+    return RequestRow(index=index, mode="concurrency", level_value=1.0, repeat=0, scheduled_s=0.0)
 
 
 @pytest.fixture
@@ -23,36 +45,36 @@ def store(tmp_path: Path) -> ResultsStore:
 
 async def test_counts_tokens_and_chunks_under_speculation(store: ResultsStore) -> None:
     with running_sim("--sim-profile", "tiny-fast", "--speculative-algorithm", "EAGLE3") as (url, _):
-        target = BenchTarget(base_url=url)
-        row = await measure_level(target, WorkloadConfig(input_len=32, output_len=40), SweepConfig(num_requests=12),
-                                  store=store, run_id="r1", config_name="spec", level_index=0, mode="concurrency", value=4)
-    assert row["completed"] == 12 and row["failed"] == 0
-    assert row["output_tokens_total"] == 12 * 40 and row["output_tokens_source"] == "usage"
-    assert row["input_tokens_exact"]  # the simulator offers /tokenize
+        target = BenchTarget(base_url=url, engine="sglang")
+        row = await measure(target, WorkloadConfig(input_len=32, output_len=40), SweepConfig(num_requests=12),
+                                  store=store, run_id="r1", mode="concurrency", value=4)
+    assert row.completed == 12 and row.failed == 0
+    assert row.output_tokens_total == 12 * 40 and row.output_tokens_source == "usage"
+    assert row.input_tokens_exact  # the simulator offers /tokenize
     reqs = store.requests(["r1"])
     assert len(reqs) == 12
     assert all(sum(t) == 40 for t in reqs["chunk_tokens"])
     assert max(max(t) for t in reqs["chunk_tokens"]) > 1  # several tokens in one chunk, counted as such
     assert all(len(times) == len(toks) for times, toks in zip(reqs["chunk_times_s"], reqs["chunk_tokens"]))
-    assert 1.5 < row["spec_accept_length"] < 3.5
+    assert 1.5 < row.spec_accept_length < 3.5
 
 
 async def test_native_generate_endpoint_and_verify_counts(store: ResultsStore) -> None:
     with running_sim("--sim-profile", "tiny-fast", "--speculative-algorithm", "EAGLE3") as (url, _):
         target = BenchTarget(base_url=url, request=RequestOptions(endpoint="generate"))
-        row = await measure_level(target, WorkloadConfig(output_len=30), SweepConfig(num_requests=8), store=store,
-                                  run_id="g", config_name="g", level_index=0, mode="concurrency", value=2)
-    assert row["completed"] == 8 and row["output_tokens_total"] == 240
-    assert row["output_tokens_source"] == "meta_info" and row["spec_source"] == "per-request"
-    assert 1.5 < row["spec_accept_length"] < 3.5
+        row = await measure(target, WorkloadConfig(output_len=30), SweepConfig(num_requests=8), store=store,
+                                  run_id="g", mode="concurrency", value=2)
+    assert row.completed == 8 and row.output_tokens_total == 240
+    assert row.output_tokens_source == "meta_info" and row.spec_source == "per-request"
+    assert 1.5 < row.spec_accept_length < 3.5
 
 
 async def test_chat_endpoint(store: ResultsStore) -> None:
     with running_sim("--sim-profile", "tiny-fast") as (url, _):
         target = BenchTarget(base_url=url, request=RequestOptions(endpoint="chat"))
-        row = await measure_level(target, WorkloadConfig(source="bundled", output_len=16), SweepConfig(num_requests=6),
-                                  store=store, run_id="c", config_name="c", level_index=0, mode="concurrency", value=3)
-    assert row["completed"] == 6 and row["output_tokens_total"] == 96
+        row = await measure(target, WorkloadConfig(source="bundled", output_len=16), SweepConfig(num_requests=6),
+                                  store=store, run_id="c", mode="concurrency", value=3)
+    assert row.completed == 6 and row.output_tokens_total == 96
 
 
 async def test_failures_are_rows_not_the_end_of_the_sweep(store: ResultsStore) -> None:
@@ -60,13 +82,13 @@ async def test_failures_are_rows_not_the_end_of_the_sweep(store: ResultsStore) -
                      "--seed", "3") as (url, _):
         target = BenchTarget(base_url=url)
         rows = await run_sweep(target, WorkloadConfig(output_len=20), SweepConfig(concurrency=[2, 4], num_requests=30,
-                               warmup_requests=0), store=store, run_id="f", config_name="f")
+                               warmup_requests=0), store=store, run_id="f")
     assert len(rows) == 2
     reqs = store.requests(["f"])
     assert len(reqs) == 60
     errors = set(reqs["error_type"].dropna())
     assert "HTTPStatus" in errors and ("CutOff" in errors or "ClientPayloadError" in errors or "ReadError" in errors)
-    assert sum(r["failed"] for r in rows) == reqs["error_type"].notna().sum()
+    assert sum(r.failed for r in rows) == reqs["error_type"].notna().sum()
     cut = reqs[reqs["error_type"].isin(["CutOff", "ClientPayloadError", "ReadError"])]
     assert (cut["chunk_tokens"].map(len) > 0).any()  # partial streams keep what arrived
 
@@ -74,21 +96,21 @@ async def test_failures_are_rows_not_the_end_of_the_sweep(store: ResultsStore) -
 async def test_request_rate_mode_counts_latency_from_schedule(store: ResultsStore) -> None:
     with running_sim("--sim-profile", "tiny-fast") as (url, _):
         target = BenchTarget(base_url=url)
-        row = await measure_level(target, WorkloadConfig(output_len=10), SweepConfig(request_rate=[50.0], num_requests=40),
-                                  store=store, run_id="o", config_name="o", level_index=0, mode="rate", value=50.0)
-    assert row["completed"] == 40 and row["request_rate_per_s"] == 50.0
+        row = await measure(target, WorkloadConfig(output_len=10), SweepConfig(request_rate=[50.0], num_requests=40),
+                                  store=store, run_id="o", mode="rate", value=50.0)
+    assert row.completed == 40 and row.request_rate_per_s == 50.0
     reqs = store.requests(["o"])
     assert (reqs["send_delay_ms"] >= 0).all() and (reqs["send_delay_ms"] < 50).all()
     # Poisson arrivals at 50/s for 40 requests take about 0.8 s.
-    assert 0.3 < row["duration_s"] < 3.0
+    assert 0.3 < row.duration_s < 3.0
 
 
 async def test_timeout_is_a_row(store: ResultsStore) -> None:
     with running_sim("--sim-profile", "tiny-fast", "--fault-stall-s", "3") as (url, _):
         target = BenchTarget(base_url=url, request=RequestOptions(timeout_s=1.0))
-        row = await measure_level(target, WorkloadConfig(output_len=10), SweepConfig(num_requests=2, warmup_requests=0),
-                                  store=store, run_id="t", config_name="t", level_index=0, mode="concurrency", value=2)
-    assert row["failed"] == 2 and row["errors"] == "Timeout: 2"
+        row = await measure(target, WorkloadConfig(output_len=10), SweepConfig(num_requests=2, warmup_requests=0),
+                                  store=store, run_id="t", mode="concurrency", value=2)
+    assert row.failed == 2 and row.errors == "Timeout: 2"
 
 
 async def test_stop_at_saturation(store: ResultsStore) -> None:
@@ -97,31 +119,31 @@ async def test_stop_at_saturation(store: ResultsStore) -> None:
         # As many requests as the highest level, so that every level really holds that many in flight
         # (with fewer, two high levels would run the same load and latency could not keep growing).
         sweep = SweepConfig(concurrency=[1, 4, 8, 16, 32, 64], num_requests=64, warmup_requests=0, stop_at_saturation=True)
-        rows = await run_sweep(target, WorkloadConfig(output_len=16), sweep, store=store, run_id="s", config_name="s")
+        rows = await run_sweep(target, WorkloadConfig(output_len=16), sweep, store=store, run_id="s")
     # The engine runs 4 at a time: throughput is flat from 4 or 8 on while latency climbs.
-    levels = [r["concurrency"] for r in rows]
+    levels = [r.concurrency for r in rows]
     assert levels[:4] == [1, 4, 8, 16] and levels[-1] in (16, 32) and 64 not in levels, [
-        (r["concurrency"], round(r["output_tokens_per_s"]), round(r["e2e_ms_median"])) for r in rows]
+        (r.concurrency, round(r.output_tokens_per_s), round(r.e2e_ms_median)) for r in rows]
 
 
 async def test_warmup_failure_is_loud(store: ResultsStore) -> None:
     with running_sim("--sim-profile", "tiny-fast", "--api-key", "right-key-123") as (url, _):
         target = BenchTarget(base_url=url, request=RequestOptions(api_key="wrong-key-456"))  # type: ignore[arg-type]
         with pytest.raises(RuntimeError, match="all 2 warm-up requests .* failed"):
-            await measure_level(target, WorkloadConfig(output_len=4), SweepConfig(num_requests=2), store=store,
-                                run_id="w", config_name="w", level_index=0, mode="concurrency", value=1)
+            await measure(target, WorkloadConfig(output_len=4), SweepConfig(num_requests=2), store=store,
+                                run_id="w", mode="concurrency", value=1)
         ok = BenchTarget(base_url=url, request=RequestOptions(api_key="right-key-123"))  # type: ignore[arg-type]
-        row = await measure_level(ok, WorkloadConfig(output_len=4), SweepConfig(num_requests=2), store=store,
-                                  run_id="w", config_name="w", level_index=0, mode="concurrency", value=1)
-        assert row["completed"] == 2
+        row = await measure(ok, WorkloadConfig(output_len=4), SweepConfig(num_requests=2), store=store,
+                                  run_id="w", mode="concurrency", value=1)
+        assert row.completed == 2
 
 
 async def test_several_client_processes(store: ResultsStore) -> None:
     with running_sim("--sim-profile", "tiny-fast") as (url, _):
         target = BenchTarget(base_url=url)
-        row = await measure_level(target, WorkloadConfig(output_len=10), SweepConfig(num_requests=20, workers=2),
-                                  store=store, run_id="m", config_name="m", level_index=0, mode="concurrency", value=4)
-    assert row["completed"] == 20 and row["client_workers"] == 2
+        row = await measure(target, WorkloadConfig(output_len=10), SweepConfig(num_requests=20, workers=2),
+                                  store=store, run_id="m", mode="concurrency", value=4)
+    assert row.completed == 20 and row.client_workers == 2
     assert sorted(store.requests(["m"])["index"]) == list(range(20))
 
 
@@ -130,11 +152,11 @@ async def test_store_reads_back_with_pandas_and_partitions(store: ResultsStore) 
         target = BenchTarget(base_url=url)
         for run_id in ("a", "b"):
             await run_sweep(target, WorkloadConfig(output_len=8), SweepConfig(concurrency=[1, 2], num_requests=4),
-                            store=store, run_id=run_id, config_name=run_id)
-    levels = pd.read_parquet(store.root / "levels")
+                            store=store, run_id=run_id)
+    levels = pd.read_parquet(store.local_root / "levels")  # type: ignore[operator]
     assert sorted(levels["run_id"].astype(str).unique()) == ["a", "b"] and len(levels) == 4
     assert {"ttft_ms_median", "output_tokens_per_s", "itl_ms_p99", "e2e_ms_mean"} <= set(levels.columns)
-    assert len(pd.read_parquet(store.root / "requests")) == 16
+    assert len(pd.read_parquet(store.local_root / "requests")) == 16  # type: ignore[operator]
 
 
 @pytest.fixture
@@ -152,7 +174,7 @@ def small_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 def test_full_disk_keeps_earlier_levels(small_disk: Path) -> None:
     store = ResultsStore(small_disk / "results")
-    store.write_level("r", "L000-concurrency-1-r0", {"x": 1.0}, [{"i": 1}])
+    store.write_level("r", "L000-concurrency-1-r0", lrow(output_tokens_per_s=1.0), [rrow(1)])
     filler = small_disk / "filler"
     with open(filler, "wb", buffering=0) as f:  # fill the disk to the last block
         try:
@@ -161,8 +183,8 @@ def test_full_disk_keeps_earlier_levels(small_disk: Path) -> None:
         except OSError:
             pass
     with pytest.raises(StoreError, match="No space left on device. Earlier results are intact"):
-        store.write_level("r", "L001-concurrency-2-r0", {"x": 2.0}, [{"i": 2}] * 1000)
-    assert list(store.levels(["r"])["x"]) == [1.0]
+        store.write_level("r", "L001-concurrency-2-r0", lrow(output_tokens_per_s=2.0), [rrow(i) for i in range(3000)])
+    assert list(store.levels(["r"])["output_tokens_per_s"]) == [1.0]
     leftovers = [p for p in (small_disk / "results").rglob("*") if p.name.startswith(".")]
     assert leftovers == []  # nothing half-written stays behind
 
@@ -171,13 +193,13 @@ def test_read_only_disk_is_refused_before_anything_runs(small_disk: Path) -> Non
     import subprocess
 
     store = ResultsStore(small_disk / "results")
-    store.write_level("r", "L000", {"x": 1.0}, [{"i": 1}])
+    store.write_level("r", "L000", lrow(output_tokens_per_s=1.0), [rrow(1)])
     subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
     with pytest.raises(StoreError, match="not writable: Read-only file system"):
         store.check_writable()
     with pytest.raises(StoreError, match="Read-only file system"):
-        store.write_level("r", "L001", {"x": 2.0}, [{"i": 2}])
-    assert list(store.levels(["r"])["x"]) == [1.0]
+        store.write_level("r", "L001", lrow(output_tokens_per_s=2.0), [rrow(2)])
+    assert list(store.levels(["r"])["output_tokens_per_s"]) == [1.0]
 
 
 async def test_workload_files(tmp_path: Path) -> None:
@@ -212,13 +234,14 @@ def test_bad_sweep_settings_name_the_field() -> None:
 
 def test_files_with_empty_and_set_columns_read_back_together(store: ResultsStore) -> None:
     """A column that is None in one level and a number in another must not break reading the dataset."""
-    store.write_level("a", "L000", {"concurrency": 1, "spec_accept_length": None, "ttft_ms_p99": None, "errors": ""}, [])
-    store.write_level("b", "L000", {"concurrency": None, "spec_accept_length": 2.5, "ttft_ms_p99": 3.0, "errors": "x"}, [])
-    store.write_run("a", {"gpu_count": None, "time_to_ready_s": None, "status": "failed"})
-    store.write_run("b", {"gpu_count": 8, "time_to_ready_s": 1.5, "status": "completed"})
-    levels = pd.read_parquet(store.root / "levels")
+    store.write_level("a", "L000", lrow(concurrency=1, spec_accept_length=None, ttft_ms_p99=None, errors=""), [])
+    store.write_level("b", "L000", lrow(mode="rate", concurrency=None, request_rate_per_s=2.0, spec_accept_length=2.5,
+                                        ttft_ms_p99=3.0, errors="x"), [])
+    store.write_run("a", RunRow(config_name="a", gpu_count=None, time_to_ready_s=None, status="failed"))
+    store.write_run("b", RunRow(config_name="b", gpu_count=8, time_to_ready_s=1.5, status="completed"))
+    levels = pd.read_parquet(store.local_root / "levels")  # type: ignore[operator]
     assert sorted(levels["spec_accept_length"].fillna(0)) == [0, 2.5]
-    assert len(pd.read_parquet(store.root / "runs")) == 2
+    assert len(pd.read_parquet(store.local_root / "runs")) == 2  # type: ignore[operator]
 
 
 async def test_concurrency_512_stays_within_its_connections_and_records_everything(store: ResultsStore) -> None:
@@ -226,11 +249,10 @@ async def test_concurrency_512_stays_within_its_connections_and_records_everythi
 
     with running_sim("--sim-profile", "instant", "--max-running-requests", "1024") as (url, _):
         target = BenchTarget(base_url=url)
-        row = await measure_level(target, WorkloadConfig(input_len=4, output_len=8),
-                                  SweepConfig(num_requests=1024, warmup_requests=8), store=store, run_id="big",
-                                  config_name="big", level_index=0, mode="concurrency", value=512)
-    assert row["requests"] == 1024 and row["completed"] == 1024, row["errors"]
-    assert 0 < row["client_connections"] <= 512  # never more connections than the level allows
+        row = await measure(target, WorkloadConfig(input_len=4, output_len=8),
+                                  SweepConfig(num_requests=1024, warmup_requests=8), store=store, run_id="big", mode="concurrency", value=512)
+    assert row.requests == 1024 and row.completed == 1024, row.errors
+    assert 0 < row.client_connections <= 512  # never more connections than the level allows
     assert len(store.requests(["big"])) == 1024
     assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= 512 + 64
 
@@ -254,8 +276,7 @@ def test_file_descriptor_limit_is_checked_before_the_level() -> None:
 
 async def test_duration_instead_of_a_request_count(store: ResultsStore) -> None:
     with running_sim("--sim-profile", "tiny-fast") as (url, _):
-        row = await measure_level(BenchTarget(base_url=url), WorkloadConfig(output_len=16),
-                                  SweepConfig(duration_s=1.0, warmup_requests=1), store=store, run_id="d",
-                                  config_name="d", level_index=0, mode="concurrency", value=2)
+        row = await measure(BenchTarget(base_url=url), WorkloadConfig(output_len=16),
+                                  SweepConfig(duration_s=1.0, warmup_requests=1), store=store, run_id="d", mode="concurrency", value=2)
     # ~400 tok/s per stream at 16 tokens: about 25 requests a second per stream; the last finish after 1 s.
-    assert row["completed"] > 10 and 1.0 <= row["duration_s"] < 1.6
+    assert row.completed > 10 and 1.0 <= row.duration_s < 1.6

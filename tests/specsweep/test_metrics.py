@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from specsweep.bench.records import RequestRecord
-from specsweep.bench.measure import merge_repeats, saturated
 from specsweep.metrics import e2e_s, itl_s, level_metrics, spec_from_counters, summary, tpot_s, ttft_s
+from specsweep.records import LevelRow, RequestRecord
+from specsweep.sweep import merge_repeats, saturated
 
 
 def rec(index: int, sent: float, chunks: list[tuple[float, int]], end: float, *, scheduled: float | None = None,
@@ -78,23 +78,38 @@ def test_summary_percentiles_and_empty() -> None:
 
 def test_spec_from_counters() -> None:
     figures, how = spec_from_counters({"vllm_drafted": 100, "vllm_accepted": 60, "vllm_drafts": 25},
-                                      {"vllm_drafted": 300, "vllm_accepted": 180, "vllm_drafts": 75}, 0)
+                                      {"vllm_drafted": 300, "vllm_accepted": 180, "vllm_drafts": 75})
     assert figures == {"spec_acceptance_rate": 0.6, "spec_accept_length": pytest.approx(1 + 120 / 50)}
-    assert "vllm" in how
-    # SGLang: 1000 tokens at average 2.0 (500 steps) then 1000 more at 4.0 (250 steps): overall 2000/750.
-    figures, how = spec_from_counters({"sglang_avg_accept_length": 2.0}, {"sglang_avg_accept_length": 2000 / 750}, 1000, 1000)
-    assert figures["spec_accept_length"] == pytest.approx(4.0)
-    assert spec_from_counters({}, {}, 10) == ({}, None)
+    assert how is not None and "vllm" in how
+    assert spec_from_counters({}, {}) == ({}, None)
+
+
+def test_sglang_acceptance_from_per_request_fields() -> None:
+    from specsweep.metrics import spec_from_records
+
+    # Two requests: 40 tokens in 16 verify steps (3 drafts proposed per step, 24 accepted), 30 in 14.
+    a = rec(0, 0.0, [(0.1, 40)], 0.2)
+    a.spec_verify_ct, a.spec_draft_tokens, a.spec_accepted_tokens = 16, 48, 24
+    b = rec(1, 0.0, [(0.1, 30)], 0.2)
+    b.spec_verify_ct, b.spec_draft_tokens, b.spec_accepted_tokens = 14, 42, 16
+    figures = spec_from_records([a, b])
+    assert figures["spec_accept_length"] == pytest.approx(70 / 30)
+    assert figures["spec_acceptance_rate"] == pytest.approx(40 / 90)
+
+
+def level(tps: float, e2e: float, **fields: object) -> LevelRow:
+    return LevelRow(config_name="c", level_index=0, mode="concurrency", concurrency=1, output_tokens_per_s=tps,
+                    e2e_ms_median=e2e, **fields)  # type: ignore[arg-type]
 
 
 def test_saturation_rule() -> None:
-    rows = [{"output_tokens_per_s": t, "e2e_ms_median": l} for t, l in [(100, 10), (300, 12), (302, 20), (304, 40)]]
+    rows = [level(t, lat) for t, lat in [(100, 10), (300, 12), (302, 20), (304, 40)]]
     assert saturated(rows)  # within 5 % of the best earlier level for two levels, latency growing
-    rows[2]["output_tokens_per_s"] = 360
+    rows[2] = level(360, 20)
     assert not saturated(rows)
     assert not saturated(rows[:2])
 
 
 def test_merge_repeats_takes_medians() -> None:
-    merged = merge_repeats([{"x": 1.0, "n": "a"}, {"x": 5.0, "n": "a"}, {"x": 2.0, "n": "a"}])
-    assert merged == {"x": 2.0, "n": "a"}
+    merged = merge_repeats([level(1.0, 3.0, errors="a"), level(5.0, 1.0, errors="a"), level(2.0, 2.0, errors="a")])
+    assert (merged.output_tokens_per_s, merged.e2e_ms_median, merged.errors) == (2.0, 2.0, "a")

@@ -7,7 +7,7 @@ from prefect import flow
 from prefect.context import get_run_context
 
 from flows.server_lifecycle import server_lifecycle
-from specsweep.hosts.config import HostConfig
+from specsweep.hosts import HostConfig, open_host
 from specsweep.stages import LifecycleOptions, StageOptions
 from tests.conftest import pids_alive, pids_with_marker
 from tests.helpers.logs import flow_logs
@@ -54,9 +54,11 @@ async def test_tasks_over_ssh(ssh_host_config: HostConfig, make_toy) -> None:  #
 
     @flow
     async def over_ssh() -> list[int]:
-        handle = await start_server(ssh_host_config, profile)
-        await wait_for_health(ssh_host_config, profile, handle)
-        report = await kill_server(ssh_host_config, profile, handle)
+        host = open_host(ssh_host_config)
+        handle = await start_server(host, profile)
+        await wait_for_health(host, profile, handle, ssh_host_config.http_url(profile.port))
+        report = await kill_server(host, profile, handle)
+        host.close()
         assert get_run_context() is not None
         return [k.pid for k in report.killed]
 

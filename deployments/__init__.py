@@ -1,0 +1,1 @@
+"""Prefect deployments of the specsweep flows (prefect.yaml, serve.py) and their pull step."""

@@ -1,0 +1,275 @@
+"""What a sweep produces, as types: a level to measure, the raw record of one request, and
+the rows of the three datasets (runs, levels, requests).
+
+    Level          one point of the sweep: (index, mode, value, repeat), frozen
+    RequestRecord  one request's raw monotonic timestamps and counts (the load generator fills it)
+    LevelRun       one level's raw records plus what the client measured of itself
+    RequestRow     a request as stored: the raw record, its level, derived per-request figures
+    LevelRow       a level as stored: every per-level figure, units in the names
+    RunRow         a run (one configuration on one host) as stored
+
+Rows are pydantic models; ``arrow_schema`` derives each dataset's Parquet schema from the
+model's annotations, so a column that is empty in one file and set in another always has
+one type and the files of a dataset read back together.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, Self
+
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field
+
+Mode = Literal["concurrency", "rate"]
+
+
+class Level(BaseModel):
+    """One point of a sweep. Frozen: it is a task input, hashed for the retry cache."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    index: int = Field(ge=0, description="Position of the level in the sweep (repeats share it).")
+    mode: Mode = Field(description="concurrency: closed loop; rate: open loop (Poisson arrivals).")
+    value: float = Field(gt=0, description="Requests in flight (concurrency) or requests per second (rate).")
+    repeat: int = Field(0, ge=0, description="Which measurement of this level (0 for the first).")
+
+    @property
+    def concurrency(self) -> int | None:
+        return int(self.value) if self.mode == "concurrency" else None
+
+    @property
+    def label(self) -> str:
+        """C=8 or 2.5 req/s, as the logs and tables write a level."""
+        return f"C={int(self.value)}" if self.mode == "concurrency" else f"{self.value:g} req/s"
+
+    @property
+    def key(self) -> str:
+        """The level's file name in the store: sorts in sweep order, unique per repeat."""
+        return f"L{self.index:03d}-{self.mode}-{self.value:g}-r{self.repeat}"
+
+    def __str__(self) -> str:
+        return f"{self.label} #{self.repeat}"
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """One request: raw ``time.perf_counter()`` stamps (CLOCK_MONOTONIC, shared by all processes
+    on the machine) and counts, never derived figures. A failed, timed-out or cut-off request
+    is a record with an error, kept with whatever it received before the failure."""
+
+    index: int
+    scheduled_s: float  # when the request was due (open loop) or sent (closed loop)
+    sent_s: float | None = None  # None: never sent
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    end_s: float | None = None
+    prompt_tokens: int | None = None
+    prompt_tokens_exact: bool = False
+    output_tokens: int | None = None
+    output_tokens_source: str = "none"  # usage | chunks | meta_info
+    chunk_times_s: list[float] = field(default_factory=list)  # arrival of each chunk with text
+    chunk_tokens: list[int] = field(default_factory=list)  # tokens each such chunk carried
+    status_code: int | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    spec_draft_tokens: int | None = None  # llama.cpp timings.draft_n; SGLang spec_num_proposed_drafts
+    spec_accepted_tokens: int | None = None  # llama.cpp timings.draft_n_accepted; SGLang spec_num_correct_drafts
+    spec_verify_ct: int | None = None  # SGLang verify steps (meta_info or sglext)
+    response_id: str | None = None  # the server's id for the response (first event's "id")
+    warmup: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.error_type is None
+
+    def as_dict(self) -> dict[str, Any]:
+        """For crossing a process boundary (client worker processes)."""
+        return asdict(self)
+
+
+@dataclass
+class LevelRun:
+    """One level's raw outcome: the records, and what the client measured of itself."""
+
+    level: Level
+    records: list[RequestRecord]
+    started_at: float  # wall clock, for labels
+    client_cpu_s: float = 0.0
+    client_wall_s: float = 0.0
+    loop_lag_p99_ms: float | None = None
+    loop_lag_max_ms: float | None = None
+    workers: int = 1
+    spec_before: dict[str, float] = field(default_factory=dict)
+    spec_after: dict[str, float] = field(default_factory=dict)
+    connections_opened: int = 0
+
+    #: A level is flagged when the client used this share of one core, or its loop lagged this much.
+    CPU_BOTTLENECK = 0.90
+    LAG_BOTTLENECK_MS = 20.0
+
+    @property
+    def client_cpu_share(self) -> float:
+        return self.client_cpu_s / self.client_wall_s / self.workers if self.client_wall_s > 0 else 0.0
+
+    @property
+    def client_bottleneck(self) -> bool:
+        return self.client_cpu_share >= self.CPU_BOTTLENECK or (self.loop_lag_p99_ms or 0.0) >= self.LAG_BOTTLENECK_MS
+
+
+class _Row(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    def to_record(self) -> dict[str, Any]:
+        """The row as one Parquet record (the only conversion there is)."""
+        return self.model_dump()
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Self:
+        """A row read back from Parquet; columns this version does not know are left out."""
+        return cls.model_validate({k: v for k, v in record.items() if k in cls.model_fields})
+
+
+class RequestRow(_Row):
+    """A request as stored (the ``requests`` dataset): raw stamps, its level, derived figures."""
+
+    index: int
+    mode: Mode
+    level_value: float
+    repeat: int
+    warmup: bool = False
+    scheduled_s: float
+    sent_s: float | None = None
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    end_s: float | None = None
+    prompt_tokens: int | None = None
+    prompt_tokens_exact: bool = False
+    output_tokens: int | None = None
+    output_tokens_source: str = "none"
+    chunk_times_s: list[float] = Field(default_factory=list, description="Arrival of each chunk, seconds after the send.")
+    chunk_tokens: list[int] = Field(default_factory=list)
+    status_code: int | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    spec_draft_tokens: int | None = None
+    spec_accepted_tokens: int | None = None
+    spec_verify_ct: int | None = None
+    response_id: str | None = None
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+    send_delay_ms: float | None = Field(None, description="Send minus schedule (open loop: the client's lateness).")
+
+
+class LevelRow(_Row):
+    """A level as stored (the ``levels`` dataset): one row per level and repeat."""
+
+    config_name: str
+    level_index: int
+    mode: Mode
+    concurrency: int | None = None
+    request_rate_per_s: float | None = None
+    repeat: int = 0
+    started_at: str | None = None
+    requests: int = 0
+    completed: int = 0
+    failed: int = 0
+    errors: str = ""
+    duration_s: float = 0.0
+    request_throughput_per_s: float = 0.0
+    input_tokens_total: int = 0
+    output_tokens_total: int = 0
+    input_tokens_per_s: float = 0.0
+    output_tokens_per_s: float = 0.0
+    total_tokens_per_s: float = 0.0
+    achieved_concurrency: float = 0.0
+    peak_output_tokens_per_s: float = 0.0
+    input_tokens_exact: bool = False
+    output_tokens_source: str = "none"
+    ttft_ms_mean: float | None = None
+    ttft_ms_median: float | None = None
+    ttft_ms_p90: float | None = None
+    ttft_ms_p99: float | None = None
+    tpot_ms_mean: float | None = None
+    tpot_ms_median: float | None = None
+    tpot_ms_p90: float | None = None
+    tpot_ms_p99: float | None = None
+    itl_ms_mean: float | None = None
+    itl_ms_median: float | None = None
+    itl_ms_p90: float | None = None
+    itl_ms_p99: float | None = None
+    e2e_ms_mean: float | None = None
+    e2e_ms_median: float | None = None
+    e2e_ms_p90: float | None = None
+    e2e_ms_p99: float | None = None
+    spec_acceptance_rate: float | None = None
+    spec_accept_length: float | None = None
+    spec_source: str | None = None
+    client_cpu_s: float | None = None
+    client_cpu_share: float | None = None
+    client_loop_lag_p99_ms: float | None = None
+    client_loop_lag_max_ms: float | None = None
+    client_workers: int | None = None
+    client_connections: int | None = None
+    client_bottleneck: bool = False
+
+    @property
+    def level(self) -> Level:
+        value = float(self.concurrency) if self.mode == "concurrency" and self.concurrency else self.request_rate_per_s
+        return Level(index=self.level_index, mode=self.mode, value=value or 1.0, repeat=self.repeat)
+
+    @property
+    def label(self) -> str:
+        return self.level.label
+
+
+RunStatus = Literal["running", "completed", "failed", "cancelled"]
+
+
+class RunRow(_Row):
+    """A run as stored (the ``runs`` dataset): one configuration measured on one host."""
+
+    config_name: str
+    engine: str = "unknown"
+    status: RunStatus = "running"
+    flow_run_id: str | None = None
+    command: str | None = Field(None, description="The launch command, secrets masked.")
+    host: str | None = None
+    base_url: str | None = None
+    gpu: str | None = None
+    gpu_count: int | None = None
+    driver: str | None = None
+    engine_version: str | None = None
+    model: str | None = None
+    fingerprint_json: str = "{}"
+    workload_json: str = "{}"
+    sweep_json: str = "{}"
+    started_at: str | None = None
+    ended_at: str | None = None
+    time_to_ready_s: float | None = None
+    error: str | None = None
+
+
+_ARROW: dict[type, pa.DataType] = {int: pa.int64(), float: pa.float64(), str: pa.string(), bool: pa.bool_()}
+
+
+def _arrow_type(annotation: Any) -> pa.DataType:
+    origin = typing.get_origin(annotation)
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if origin in (typing.Union, types.UnionType) and len(args) == 1:
+        return _arrow_type(args[0])
+    if origin is list:
+        return pa.list_(_arrow_type(args[0]))
+    if origin is Literal:
+        return pa.string()
+    if annotation in _ARROW:
+        return _ARROW[annotation]
+    raise TypeError(f"no Parquet type for {annotation!r}")
+
+
+def arrow_schema(model: type[BaseModel]) -> pa.Schema:
+    """The Parquet schema of a row model, from its field annotations."""
+    return pa.schema([pa.field(name, _arrow_type(f.annotation)) for name, f in model.model_fields.items()])

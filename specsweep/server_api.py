@@ -1,0 +1,144 @@
+"""The server's HTTP API outside the timed path: one client, one place for the auth header.
+
+Health checks, the readiness probe, ``/v1/models``, ``/tokenize``, ``/metrics`` and the
+server-info endpoints all go through ``ServerAPI``. The timed path (the load generator's
+streamed requests) has its own minimal client (``bench.http1``) and takes only the auth
+header from here (``bearer``). Whatever the traffic path to the server is, it is the
+``base_url`` given here.
+"""
+
+from __future__ import annotations
+
+import re
+from types import TracebackType
+from typing import Any
+
+import httpx
+from pydantic import SecretStr
+
+
+def bearer(api_key: SecretStr | None) -> dict[str, str]:
+    """The request header that carries an API key (none without one)."""
+    return {"Authorization": f"Bearer {api_key.get_secret_value()}"} if api_key else {}
+
+
+def reason(exc: BaseException) -> str:
+    """Why a request got no answer, in words."""
+    if isinstance(exc, httpx.ConnectError):
+        return "connection refused"
+    if isinstance(exc, httpx.TimeoutException):
+        return "no answer (timeout)"
+    return f"{type(exc).__name__}: {exc}"
+
+
+_VLLM_COUNTERS = {
+    "vllm_accepted": re.compile(r"^vllm:spec_decode_num_accepted_tokens(?:_total)?(?:\{[^}]*\})?\s+([0-9.eE+-]+)$", re.M),
+    "vllm_drafted": re.compile(r"^vllm:spec_decode_num_draft_tokens(?:_total)?(?:\{[^}]*\})?\s+([0-9.eE+-]+)$", re.M),
+    "vllm_drafts": re.compile(r"^vllm:spec_decode_num_drafts(?:_total)?(?:\{[^}]*\})?\s+([0-9.eE+-]+)$", re.M),
+}
+
+
+def vllm_spec_counters(text: str) -> dict[str, float]:
+    """vLLM's cumulative speculation counters from a Prometheus text page (summed over labels)."""
+    out: dict[str, float] = {}
+    for key, rx in _VLLM_COUNTERS.items():
+        values = rx.findall(text)
+        if values:
+            out[key] = sum(float(v) for v in values)
+    return out
+
+
+class ServerAPI:
+    """The server's API: an httpx client bound to one base URL and API key. Use as an async
+    context manager, or call ``aclose``."""
+
+    def __init__(self, base_url: str, api_key: SecretStr | None = None, *, timeout_s: float = 10.0,
+                 connect_timeout_s: float = 2.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url, headers=bearer(api_key),
+            timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
+            limits=httpx.Limits(max_connections=8, max_keepalive_connections=2),
+        )
+
+    async def __aenter__(self) -> ServerAPI:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    # -- readiness --------------------------------------------------------------------------
+
+    async def status(self, path: str) -> int:
+        """The HTTP status of a GET (raises httpx.HTTPError when there is no answer)."""
+        return (await self._client.get(path)).status_code
+
+    async def probe(self, path: str) -> str | None:
+        """One tiny generation at ``path``; None when it worked, else why not."""
+        body: dict[str, Any] = {"prompt": "Hello", "max_tokens": 1, "temperature": 0}
+        if path.endswith("/generate"):
+            body = {"text": "Hello", "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+        elif path.endswith("/chat/completions"):
+            body = {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 1, "temperature": 0}
+        try:
+            r = await self._client.post(path, json=body, timeout=60)
+        except httpx.HTTPError as exc:
+            return f"probe failed: {reason(exc)}"
+        return None if r.status_code == 200 else f"probe answered {r.status_code}"
+
+    # -- what the server says about itself ---------------------------------------------------
+
+    async def get_json(self, path: str) -> dict[str, Any] | None:
+        """A JSON object from a GET, or None (no answer, not 200, not a JSON object)."""
+        try:
+            r = await self._client.get(path)
+            data = r.json() if r.status_code == 200 and r.content else None
+        except (httpx.HTTPError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    async def first_model(self) -> str | None:
+        """The id of the first model in ``/v1/models``."""
+        data = await self.get_json("/v1/models")
+        models = data.get("data") if data else None
+        if isinstance(models, list) and models and isinstance(models[0], dict) and "id" in models[0]:
+            return str(models[0]["id"])
+        return None
+
+    async def metrics_text(self) -> str | None:
+        """The Prometheus page at ``/metrics``, or None."""
+        try:
+            r = await self._client.get("/metrics")
+        except httpx.HTTPError:
+            return None
+        return r.text if r.status_code == 200 else None
+
+    async def spec_counters(self) -> dict[str, float]:
+        """The cumulative speculation counters the server offers (vLLM ``/metrics``); empty when none."""
+        text = await self.metrics_text()
+        return vllm_spec_counters(text) if text and "vllm:" in text else {}
+
+    # -- tokenizer ---------------------------------------------------------------------------
+
+    async def count_tokens(self, text: str) -> int | None:
+        """Tokens in ``text`` by the server's ``/tokenize`` (llama.cpp, vLLM and SGLang answer it,
+        each with its own body); None when the server has none."""
+        for body in ({"content": text, "add_special": True}, {"prompt": text}, {"text": text}):
+            try:
+                r = await self._client.post("/tokenize", json=body, timeout=30)
+            except httpx.HTTPError:
+                continue
+            if r.status_code == 200:
+                try:
+                    data = r.json()
+                except ValueError:
+                    continue
+                if isinstance(data.get("tokens"), list):
+                    return len(data["tokens"])
+                if isinstance(data.get("count"), int):
+                    return int(data["count"])
+        return None
