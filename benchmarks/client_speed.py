@@ -53,7 +53,7 @@ async def speed(requests: int, workers: list[int]) -> None:
     proc = start_sim("instant", 18411)
     url = "http://127.0.0.1:18411"
     prompts = (Prompt("a short prompt", 3, False),)
-    print("1. speed: instant server, concurrency 64, 256-token outputs, %d requests" % requests)
+    print(f"1. speed: instant server, concurrency 64, 256-token outputs, {requests} requests")
     print(f"   {'workers':>7} {'streamed tok/s':>15} {'client CPU µs/token':>20} {'client CPU share':>17} {'failed':>7}")
     try:
         for w in workers:

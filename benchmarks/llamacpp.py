@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import sys
 from pathlib import Path
 
@@ -47,13 +48,14 @@ async def main() -> None:
                            workload=WorkloadConfig(input_len=args.input_len, output_len=args.output_len),
                            sweep=SweepConfig(concurrency=[1, 8], num_requests=args.requests, warmup_requests=2,
                                              repeats=args.repeats))
-            rows = await run_levels(plan(job.sweep), lambda lv: measure_level(target, job, lv))
+            rows = await run_levels(plan(job.sweep), functools.partial(measure_level, target, job))
         finally:
             kill_server(host, profile, handle)
         for r in rows:
             table.append((profile.name, r.concurrency, r.output_tokens_per_s, r.ttft_ms_median, r.tpot_ms_median,
                           r.spec_acceptance_rate, ready.time_to_ready_s))
-    print(f"{'preset':<22} {'C':>3} {'output tok/s':>13} {'TTFT p50 ms':>12} {'TPOT p50 ms':>11} {'acceptance':>11} {'ready s':>8}")
+    print(f"{'preset':<22} {'C':>3} {'output tok/s':>13} {'TTFT p50 ms':>12} {'TPOT p50 ms':>11} {'acceptance':>11} "
+          f"{'ready s':>8}")
     for name, c, tps, ttft, itl, acc, ready_s in table:
         acc_s = f"{acc:.0%}" if acc is not None else "-"
         print(f"{name:<22} {c:>3} {tps:>13.1f} {ttft:>12.1f} {itl:>11.2f} {acc_s:>11} {ready_s:>8.2f}")

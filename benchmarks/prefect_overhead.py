@@ -36,6 +36,7 @@ async def main() -> None:
     state = await compare_sglang_eagle3(sglang=settings, benchmark=benchmark, return_state=True)
     wall = time.monotonic() - t0
     flow_run_id = state.state_details.flow_run_id
+    assert flow_run_id is not None
     async with get_client() as client:
         run = await client.read_flow_run(flow_run_id)
         tasks = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))

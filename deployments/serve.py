@@ -2,43 +2,47 @@
 
     PREFECT_API_URL=http://127.0.0.1:4200/api .venv/bin/python deployments/serve.py
 
-The same deployments as deployments/prefect.yaml, with their nightly schedules inactive.
+The deployments are read from deployments/prefect.yaml (one definition for both ways of
+running them): the same names, entrypoints, tags, parameters and (inactive) schedules.
 """
 
+from __future__ import annotations
+
+import asyncio
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-from prefect import serve  # noqa: E402
+import yaml  # noqa: E402
+from prefect import aserve  # noqa: E402
 from prefect.deployments.runner import RunnerDeployment  # noqa: E402
+from prefect.flows import Flow, load_flow_from_entrypoint  # noqa: E402
 from prefect.schedules import Cron  # noqa: E402
 
-from flows.benchmark_config import benchmark_config  # noqa: E402
-from flows.compare_speculation import compare_local_llamacpp, compare_sglang_eagle3, compare_speculation  # noqa: E402
-from flows.sglang_benchmarks import baseline_benchmark, eagle3_benchmark  # noqa: E402
-from specsweep.presets import sglang_baseline, sglang_eagle3  # noqa: E402
-
-MODEL, DRAFT = "moonshotai/Kimi-K2.5", "lightseekorg/kimi-k2.5-eagle3"
+PREFECT_YAML = ROOT / "deployments" / "prefect.yaml"
 
 
-def nightly() -> Cron:
-    return Cron("0 3 * * *", timezone="UTC", active=False)
+async def deployments(spec_file: Path = PREFECT_YAML) -> list[RunnerDeployment]:
+    """Every deployment of prefect.yaml, as a deployment this process serves."""
+    spec: dict[str, Any] = yaml.safe_load(spec_file.read_text())
+    out = []
+    for d in spec["deployments"]:
+        flow: Flow[..., Any] = load_flow_from_entrypoint(str(ROOT / d["entrypoint"]))
+        schedules = [Cron(s["cron"], timezone=s.get("timezone"), active=s.get("active", True))
+                     for s in d.get("schedules") or []]
+        out.append(await flow.ato_deployment(d["name"], tags=d.get("tags"), description=d.get("description"),
+                                             parameters=d.get("parameters") or {}, schedules=schedules))
+    return out
 
 
-def deployments() -> list[RunnerDeployment]:
-    return [
-        compare_local_llamacpp.to_deployment("local", tags=["specsweep", "local"], schedules=[nightly()]),
-        compare_sglang_eagle3.to_deployment("sglang", tags=["specsweep", "sglang"], schedules=[nightly()]),
-        compare_speculation.to_deployment(
-            "profiles", tags=["specsweep"], schedules=[nightly()],
-            parameters={"baseline": sglang_baseline(MODEL, simulate=True, name="sim-baseline").model_dump(mode="json"),
-                        "speculative": sglang_eagle3(MODEL, DRAFT, simulate=True, name="sim-eagle3").model_dump(mode="json")}),
-        eagle3_benchmark.to_deployment("eagle3", tags=["specsweep", "sglang"], schedules=[nightly()]),
-        baseline_benchmark.to_deployment("baseline", tags=["specsweep", "sglang"], schedules=[nightly()]),
-        benchmark_config.to_deployment("config", tags=["specsweep"], schedules=[nightly()]),
-    ]
+async def main() -> None:
+    os.chdir(ROOT)  # as the pull step does for a worker: relative paths in profiles resolve in this checkout
+    await aserve(*await deployments())
 
 
 if __name__ == "__main__":
-    serve(*deployments())
+    asyncio.run(main())

@@ -22,11 +22,10 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, VariableCreate
 from prefect.concurrency.asyncio import concurrency
 from prefect.concurrency.context import ConcurrencyContext
-from prefect.context import get_run_context
+from prefect.context import FlowRunContext
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
 from specsweep.hosts.config import HostConfig
-
 
 LOCK_LEASE_S = 60.0
 
@@ -63,7 +62,8 @@ async def host_lock(host: HostConfig) -> AsyncIterator[None]:
     t0 = time.monotonic()
     # The slot is a lease renewed while the run lives: a run killed outright (no chance to
     # release it) blocks the host only until its lease runs out.
-    flow_run = get_run_context().flow_run  # type: ignore[union-attr]
+    context = FlowRunContext.get()
+    flow_run = context.flow_run if context else None
     try:
         async with concurrency(name, occupy=1, strict=True, lease_duration=LOCK_LEASE_S):
             announcer.cancel()

@@ -18,12 +18,13 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from prefect import Flow, flow, get_run_logger
 from prefect.artifacts import acreate_progress_artifact, aupdate_progress_artifact
 from prefect.client.schemas.objects import FlowRun, State
-from prefect.context import get_run_context
+from prefect.context import FlowRunContext
+from prefect.flows import FlowStateHook
 from prefect.logging.loggers import flow_run_logger
 from pydantic import BaseModel, SecretStr, ValidationError
 
@@ -147,8 +148,9 @@ async def progress_bar(name: str) -> Callable[[LevelRow, int, int], Awaitable[No
 
 
 def _flow_run() -> FlowRun:
-    flow_run = get_run_context().flow_run  # type: ignore[union-attr]
-    assert flow_run is not None, "a benchmark runs inside a flow run"
+    context = FlowRunContext.get()
+    assert context is not None and context.flow_run is not None, "a benchmark runs inside a flow run"
+    flow_run = context.flow_run
     return flow_run
 
 
@@ -182,18 +184,20 @@ class ComparisonResult(BaseModel):
 # -- declaring a benchmark flow ------------------------------------------------------------------
 
 ServersOf = Callable[[dict[str, Any]], list[ServerProfile]]
-F = TypeVar("F", bound=Callable[..., Any])
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
-def benchmark_flow(name: str, servers: ServersOf) -> Callable[[F], Flow[Any, Any]]:
+def benchmark_flow(name: str, servers: ServersOf) -> Callable[[Callable[P, R]], Flow[P, R]]:
     """``@flow`` with what every benchmark flow has: persisted results (a retry reuses finished
     levels) and the hooks that kill its servers when it fails, is cancelled or crashes.
     ``servers`` rebuilds the flow's server profiles from its parameters."""
     hook = cleanup_hook(servers)
+
     return flow(name=name, persist_result=True, on_failure=[hook], on_cancellation=[hook], on_crashed=[hook])
 
 
-def cleanup_hook(servers: ServersOf) -> Callable[[Flow[Any, Any], FlowRun, State], None]:
+def cleanup_hook(servers: ServersOf) -> FlowStateHook[..., Any]:
     """A flow hook that kills the flow's servers, rebuilt from the flow run's parameters, and says
     so in the flow run's own log.
 

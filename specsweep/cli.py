@@ -6,8 +6,8 @@ import asyncio
 import json
 import logging
 import sys
-from pathlib import Path
 from enum import Enum
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional  # noqa: UP035
 
 import typer
@@ -221,7 +221,7 @@ def make_models_cmd(
         typer.echo("draft acceptance expected: about 80 % (draft-simple, draft max 4); --measure measures it")
 
 
-def _csv_numbers(text: str | None, kind: type, name: str) -> list | None:  # type: ignore[type-arg]
+def _csv_numbers(text: str | None, kind: type, name: str) -> list | None:
     if text is None:
         return None
     try:
@@ -274,13 +274,13 @@ def bench(
             if api_key_env and not api_key:
                 raise ConfigError(f"--api-key-env {api_key_env}: that environment variable is not set")
             target = BenchTarget(base_url=url, engine=engine, request=RequestOptions(
-                endpoint=endpoint, api_key=SecretStr(api_key) if api_key else None, timeout_s=timeout))  # type: ignore[arg-type]
+                endpoint=endpoint, api_key=SecretStr(api_key) if api_key else None, timeout_s=timeout))
             sweep = SweepConfig(concurrency=_csv_numbers(concurrency, int, "--concurrency") or [1],
                                 request_rate=_csv_numbers(request_rate, float, "--request-rate"), num_requests=num_prompts,
                                 warmup_requests=warmup, repeats=repeats, workers=workers, stop_at_saturation=stop_at_saturation)
             store = ResultsStore(results)
             job = SweepJob(run_id=new_run_id(name), config_name=name, results=store.url, sweep=sweep,
-                           workload=WorkloadConfig(source=dataset, input_len=input_len, output_len=output_len,  # type: ignore[arg-type]
+                           workload=WorkloadConfig(source=dataset, input_len=input_len, output_len=output_len,
                                                    prompts_file=prompts_file))
         except ValidationError as exc:
             raise ConfigError(describe_validation_error(exc, "benchmark options")) from None

@@ -97,7 +97,7 @@ def check_fingerprints(base_run: RunRow, spec_run: RunRow, allow_mismatch: bool)
 
 def _per_level(levels: pd.DataFrame) -> dict[int, pd.DataFrame]:
     df = levels[levels["mode"] == "concurrency"] if "mode" in levels else levels
-    return {int(c): g for c, g in df.groupby("concurrency")}
+    return {int(str(c)): g for c, g in df.groupby("concurrency")}
 
 
 def _median(g: pd.DataFrame, col: str) -> float | None:
@@ -261,7 +261,7 @@ def comparison_markdown(comp: Comparison) -> str:
     rows = []
     for r in comp.levels:
         ci = f" [{r.ratio_low:.2f}, {r.ratio_high:.2f}]" if r.ratio_low is not None else ""
-        rows.append([r.concurrency, f(r.baseline_tokens_per_s), f(r.speculative_tokens_per_s), f"{r.ratio:.2f}{ci}",
+        rows.append([str(r.concurrency), f(r.baseline_tokens_per_s), f(r.speculative_tokens_per_s), f"{r.ratio:.2f}{ci}",
                      r.verdict, f(r.baseline_ttft_ms), f(r.speculative_ttft_ms), f(r.baseline_itl_ms, 2),
                      f(r.speculative_itl_ms, 2), f(r.speculative_accept_length, 2), f(r.speculative_acceptance_rate, 2)])
     table = markdown_table(

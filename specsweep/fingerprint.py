@@ -24,7 +24,8 @@ async def server_fingerprint(api: ServerAPI) -> dict[str, Any]:
     if info:
         if info.get("version"):
             fp["engine_version"] = f"sglang {info['version']}"
-        args = info.get("server_args") if isinstance(info.get("server_args"), dict) else info
+        server_args = info.get("server_args")
+        args: dict[str, Any] = server_args if isinstance(server_args, dict) else info
         for key in ("model_path", "tp_size", "speculative_algorithm", "speculative_num_steps",
                     "speculative_eagle_topk", "speculative_num_draft_tokens"):
             if key in args:

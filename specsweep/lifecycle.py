@@ -16,7 +16,7 @@ import re
 import shlex
 import signal
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from pydantic import BaseModel, Field
 
@@ -26,7 +26,7 @@ from specsweep.hosts.local import LocalHost
 from specsweep.profiles import MARKER_ENV, ServerProfile
 from specsweep.redact import Redactor, mask_argv
 
-Logger = logging.Logger | logging.LoggerAdapter  # type: ignore[type-arg]
+Logger = logging.Logger | logging.LoggerAdapter
 _log = logging.getLogger(__name__)
 
 #: Lines of the server log quoted when it fails.
@@ -47,7 +47,7 @@ class ServerHandle(BaseModel):
 
     @property
     def started_at_iso(self) -> str:
-        return datetime.fromtimestamp(self.started_at, timezone.utc).isoformat()
+        return datetime.fromtimestamp(self.started_at, UTC).isoformat()
 
 
 class KilledProcess(BaseModel):
@@ -227,7 +227,8 @@ def kill_server(
     if not port_free and not foreign:
         owners = host.port_owners(profile.port)
         raise KillError(
-            f"port {profile.port} on {host.label} is still in use after the kill (pids {owners or 'unknown: not visible to this user'}). "
+            f"port {profile.port} on {host.label} is still in use after the kill "
+            f"(pids {owners or 'unknown: not visible to this user'}). "
             "Stop that process by hand or choose another port."
         )
 

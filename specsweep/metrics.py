@@ -16,9 +16,9 @@ Percentiles interpolate linearly (numpy's default), as vLLM's and SGLang's bench
 from __future__ import annotations
 
 import math
-from datetime import datetime, timezone
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -46,7 +46,7 @@ def tpot_s(r: RequestRecord) -> float | None:
 def arrivals(r: RequestRecord) -> list[tuple[float, int]]:
     """(time, tokens) per arrival: chunks read at the same instant arrived together and count as one."""
     out: list[tuple[float, int]] = []
-    for t, k in zip(r.chunk_times_s, r.chunk_tokens):
+    for t, k in zip(r.chunk_times_s, r.chunk_tokens, strict=True):
         if out and t == out[-1][0]:
             out[-1] = (t, out[-1][1] + k)
         else:
@@ -80,7 +80,7 @@ def summary(values: Sequence[float], scale: float = 1000.0) -> dict[str, float |
 def peak_output_tokens_per_s(records: Iterable[RequestRecord], start: float) -> float:
     buckets: Counter[int] = Counter()
     for r in records:
-        for t, k in zip(r.chunk_times_s, r.chunk_tokens):
+        for t, k in zip(r.chunk_times_s, r.chunk_tokens, strict=True):
             buckets[int(math.floor(t - start))] += k
     return float(max(buckets.values())) if buckets else 0.0
 
@@ -121,7 +121,9 @@ def level_metrics(records: Sequence[RequestRecord]) -> dict[str, Any]:
     duration = (max(ends) - start) if sent and ends else 0.0
     out_tokens = sum(r.output_tokens or 0 for r in ok)
     in_tokens = sum(r.prompt_tokens or 0 for r in ok)
-    rate = (lambda x: x / duration if duration > 0 else 0.0)
+    def rate(x: float) -> float:
+        return x / duration if duration > 0 else 0.0
+
     m: dict[str, Any] = {
         "requests": len(measured),
         "completed": len(ok),
@@ -193,4 +195,4 @@ def request_rows(run: LevelRun) -> list[RequestRow]:
 
 
 def epoch_iso(t: float) -> str:
-    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds")

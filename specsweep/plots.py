@@ -50,9 +50,10 @@ def comparison_plots(comp: Comparison) -> dict[str, bytes]:
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
     ratios = [r.ratio for r in comp.levels]
     ax.plot(c, ratios, "o-", color="tab:purple", label="speculative / baseline")
-    lows = [r.ratio_low for r in comp.levels]
-    if all(x is not None for x in lows):
-        ax.fill_between(c, lows, [r.ratio_high for r in comp.levels], color="tab:purple", alpha=0.15, label="95% interval")
+    lows = [r.ratio_low for r in comp.levels if r.ratio_low is not None]
+    highs = [r.ratio_high for r in comp.levels if r.ratio_high is not None]
+    if len(lows) == len(highs) == len(c):
+        ax.fill_between(c, lows, highs, color="tab:purple", alpha=0.15, label="95% interval")
     ax.axhline(1.0, color="grey", lw=1)
     if comp.crossover is not None:
         ax.axvline(comp.crossover, color="tab:red", ls="--", label=f"crossover: {comp.crossover}")

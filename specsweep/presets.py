@@ -37,7 +37,8 @@ def sglang_baseline(
         raise ConfigError("model_path is required for the SGLang presets: give the target model's path or hub id")
     if tp < 1:
         raise ConfigError(f"tp must be at least 1 (got {tp})")
-    module = ["specsweep.sim", "--sim-profile", sim_profile, "--startup-s", f"{sim_startup_s:g}"] if simulate else ["sglang.launch_server"]
+    module = (["specsweep.sim", "--sim-profile", sim_profile, "--startup-s", f"{sim_startup_s:g}"] if simulate
+              else ["sglang.launch_server"])
     argv = [python if not simulate or python != "python" else sys.executable, "-m", *module, "--model-path", model_path,
             "--host", "{host}", "--port", "{port}", "--tp", str(tp), *extra_args]
     return make_profile(

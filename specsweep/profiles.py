@@ -81,7 +81,8 @@ class ProfileParams(BaseModel):
     )
     kill_grace_s: float = Field(10.0, ge=0, le=600, description="Time between SIGTERM and SIGKILL.")
     gpu_memory_free_mib: int = Field(
-        2048, ge=0, description="After a kill, every visible GPU must use less than this many MiB (checked where nvidia-smi exists)."
+        2048, ge=0,
+        description="After a kill, every visible GPU must use less than this many MiB (checked where nvidia-smi exists).",
     )
     gpu_memory_timeout_s: float = Field(120.0, ge=0, le=3600, description="How long GPU memory may take to be released.")
 

@@ -119,7 +119,7 @@ class LevelRun:
         return self.client_cpu_share >= self.CPU_BOTTLENECK or (self.loop_lag_p99_ms or 0.0) >= self.LAG_BOTTLENECK_MS
 
 
-class _Row(BaseModel):
+class Row(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     def to_record(self) -> dict[str, Any]:
@@ -132,7 +132,7 @@ class _Row(BaseModel):
         return cls.model_validate({k: v for k, v in record.items() if k in cls.model_fields})
 
 
-class RequestRow(_Row):
+class RequestRow(Row):
     """A request as stored (the ``requests`` dataset): raw stamps, its level, derived figures."""
 
     index: int
@@ -164,7 +164,7 @@ class RequestRow(_Row):
     send_delay_ms: float | None = Field(None, description="Send minus schedule (open loop: the client's lateness).")
 
 
-class LevelRow(_Row):
+class LevelRow(Row):
     """A level as stored (the ``levels`` dataset): one row per level and repeat."""
 
     config_name: str
@@ -229,7 +229,7 @@ class LevelRow(_Row):
 RunStatus = Literal["running", "completed", "failed", "cancelled"]
 
 
-class RunRow(_Row):
+class RunRow(Row):
     """A run as stored (the ``runs`` dataset): one configuration measured on one host."""
 
     config_name: str

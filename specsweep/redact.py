@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 MASK = "***"
@@ -117,17 +117,17 @@ class RedactingFilter(logging.Filter):
         return True
 
 
-class RedactingLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+class RedactingLogger(logging.LoggerAdapter[Any]):
     """Wraps any logger (a Prefect run logger included) and masks secrets in every line."""
 
-    def __init__(self, logger: logging.Logger | logging.LoggerAdapter, redactor: Redactor) -> None:  # type: ignore[type-arg]
-        super().__init__(logger, {})  # type: ignore[arg-type]
+    def __init__(self, logger: logging.Logger | logging.LoggerAdapter[Any], redactor: Redactor) -> None:
+        super().__init__(logger, {})
         self.redactor = redactor
 
-    def process(self, msg, kwargs):  # type: ignore[no-untyped-def]
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
         return msg, kwargs
 
-    def log(self, level, msg, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
         if self.isEnabledFor(level):
             text = str(msg) % args if args else str(msg)
             self.logger.log(level, self.redactor(text), **kwargs)

@@ -37,14 +37,17 @@ class SGLangSettings(BaseModel):
     def profile(self, kind: Literal["baseline", "eagle3"]) -> ServerProfile:
         from specsweep.presets import sglang_baseline, sglang_eagle3
 
-        common = dict(tp=self.tp, port=self.port, host=self.bind_host, python=self.python, extra_args=self.extra_args,
-                      env=self.env, simulate=self.simulate, sim_profile=self.sim_profile)
+        prefix = "sim" if self.simulate else "sglang"
         if kind == "baseline":
-            profile = sglang_baseline(self.model_path, name="sglang-baseline" if not self.simulate else "sim-baseline", **common)  # type: ignore[arg-type]
+            profile = sglang_baseline(self.model_path, name=f"{prefix}-baseline", tp=self.tp, port=self.port,
+                                      host=self.bind_host, python=self.python, extra_args=self.extra_args, env=self.env,
+                                      simulate=self.simulate, sim_profile=self.sim_profile)
         else:
             profile = sglang_eagle3(self.model_path, self.draft_model_path, num_steps=self.num_steps,
                                     eagle_topk=self.eagle_topk, num_draft_tokens=self.num_draft_tokens,
-                                    name="sglang-eagle3" if not self.simulate else "sim-eagle3", **common)  # type: ignore[arg-type]
+                                    name=f"{prefix}-eagle3", tp=self.tp, port=self.port, host=self.bind_host,
+                                    python=self.python, extra_args=self.extra_args, env=self.env,
+                                    simulate=self.simulate, sim_profile=self.sim_profile)
         return profile.model_copy(update={"env_secrets": dict(self.env_secrets)})
 
 

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from pydantic import BaseModel, ConfigDict, Field
+
+
+class TaskOptions(TypedDict):
+    retries: int
+    retry_delay_seconds: float
+    timeout_seconds: float | None
 
 
 class StageOptions(BaseModel):
@@ -14,7 +22,7 @@ class StageOptions(BaseModel):
     retry_delay_s: float = Field(5.0, ge=0, le=3600, description="Seconds between tries.")
     timeout_s: float | None = Field(None, gt=0, le=24 * 3600, description="Limit of one try in seconds; empty for none.")
 
-    def task_options(self) -> dict[str, object]:
+    def task_options(self) -> TaskOptions:
         """Keyword arguments for Prefect's ``Task.with_options``."""
         return {"retries": self.retries, "retry_delay_seconds": self.retry_delay_s, "timeout_seconds": self.timeout_s}
 

@@ -71,10 +71,10 @@ class Location:
             )
             return cls(fs, (parts.netloc + parts.path).rstrip("/"), shown)
         try:
-            fs, path = pafs.FileSystem.from_uri(text)
-        except (pafs.ArrowInvalid, ValueError, OSError) as exc:  # type: ignore[attr-defined]
-            fs, path = cls._fsspec(parts.scheme, text, exc)
-        return cls(fs, path.rstrip("/"), shown)
+            fs, base = pafs.FileSystem.from_uri(text)
+        except (ValueError, OSError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+            fs, base = cls._fsspec(parts.scheme, text, exc)
+        return cls(fs, base.rstrip("/"), shown)
 
     @staticmethod
     def _fsspec(protocol: str, text: str, cause: Exception) -> tuple[pafs.FileSystem, str]:

@@ -18,16 +18,15 @@ from __future__ import annotations
 import io
 import secrets
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pydantic import BaseModel
 
 from specsweep.errors import StoreError
-from specsweep.records import LevelRow, RequestRow, RunRow, arrow_schema
+from specsweep.records import LevelRow, RequestRow, Row, RunRow, arrow_schema
 from specsweep.storage import Location, StorageOptions
 
 DEFAULT_ROOT = Path(__file__).resolve().parents[1] / "data" / "results"
@@ -35,7 +34,7 @@ DEFAULT_ROOT = Path(__file__).resolve().parents[1] / "data" / "results"
 _SCHEMAS = {RunRow: arrow_schema(RunRow), LevelRow: arrow_schema(LevelRow), RequestRow: arrow_schema(RequestRow)}
 
 
-def to_table(rows: Sequence[BaseModel]) -> pa.Table:
+def to_table(rows: Sequence[Row]) -> pa.Table:
     """Typed rows to an Arrow table with the schema of their model."""
     model = type(rows[0])
     return pa.Table.from_pylist([r.to_record() for r in rows], schema=_SCHEMAS.get(model) or arrow_schema(model))
@@ -134,10 +133,10 @@ class ResultsStore:
 
 
 def new_run_id(config_name: str) -> str:
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     safe = "".join(c if c.isalnum() or c in "-." else "-" for c in config_name)[:40]
     return f"{stamp}-{safe}-{secrets.token_hex(2)}"
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")

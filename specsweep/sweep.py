@@ -65,7 +65,7 @@ class SweepJob(BaseModel):
 
 def plan(sweep: SweepConfig) -> list[Level]:
     """Every level of a sweep in the order it is measured: each level's repeats back to back."""
-    return [Level(index=i, mode=mode, value=value, repeat=r)  # type: ignore[arg-type]
+    return [Level(index=i, mode=mode, value=value, repeat=r)
             for i, (mode, value) in enumerate(sweep.levels()) for r in range(sweep.repeats)]
 
 

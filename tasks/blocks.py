@@ -60,9 +60,9 @@ class SSHHostBlock(Block):
             Path(self.known_hosts_path) if self.known_hosts_path else None)
         common = dict(private_key=self.private_key, passphrase=self.passphrase, known_hosts=known,
                       accept_unknown_host_key=self.accept_unknown_host_key, use_agent=self.private_key is None)
-        target = SSHEndpoint(hostname=self.hostname, port=self.port, user=self.user, **common)  # type: ignore[arg-type]
+        target = SSHEndpoint(hostname=self.hostname, port=self.port, user=self.user, **common)
         jump = (SSHEndpoint(hostname=self.jump_hostname, port=self.jump_port, user=self.jump_user or self.user,
-                            **common)  # type: ignore[arg-type]
+                            **common)
                 if self.jump_hostname else None)
         return HostConfig(kind="ssh", ssh=target, jump=jump, http_address=self.http_address)
 
@@ -71,14 +71,19 @@ def resolve_host(host: HostConfig, host_block: str | None) -> HostConfig:
     """The host a flow runs on: a saved ssh-host block when named, else the host parameter."""
     if not host_block:
         return host
-    return SSHHostBlock.load(host_block).host_config()  # type: ignore[union-attr]
+    return _ssh_block(SSHHostBlock.load(host_block), host_block).host_config()
 
 
 async def aresolve_host(host: HostConfig, host_block: str | None) -> HostConfig:
     if not host_block:
         return host
-    block = await SSHHostBlock.aload(host_block)
-    return block.host_config()
+    return _ssh_block(await SSHHostBlock.aload(host_block), host_block).host_config()
+
+
+def _ssh_block(block: object, name: str) -> SSHHostBlock:
+    if not isinstance(block, SSHHostBlock):
+        raise ConfigError(f"host_block {name!r} is a {type(block).__name__} block, not an ssh-host block")
+    return block
 
 
 async def aresolve_secret(name: str | None, field: str = "api_key_secret") -> str | None:
@@ -94,6 +99,14 @@ async def aresolve_secret(name: str | None, field: str = "api_key_secret") -> st
             f"{field}: there is no Prefect Secret block named {name!r} ({exc}). Create it in the UI (Blocks → "
             "Secret) or with Secret(value=...).save(name), or fix the name."
         ) from None
+    return _secret_value(secret, name, field)
+
+
+def _secret_value(secret: object, name: str, field: str) -> str:
+    from prefect.blocks.system import Secret
+
+    if not isinstance(secret, Secret):
+        raise ConfigError(f"{field}: the block {name!r} is a {type(secret).__name__}, not a Secret")
     return str(secret.get())
 
 

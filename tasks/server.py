@@ -102,7 +102,8 @@ async def served(host: Host, profile: ServerProfile, stages: LifecycleOptions, r
         raise problem
 
 
-async def _final_kill(kill: Callable[..., Awaitable[KillReport]], host: Host, profile: ServerProfile, handle: ServerHandle | None) -> Exception | None:
+async def _final_kill(kill: Callable[..., Awaitable[KillReport]], host: Host, profile: ServerProfile,
+                      handle: ServerHandle | None) -> Exception | None:
     """The final kill, however the run ends; the error when the server could not be reached."""
     logger = run_logger(profile, host)
     try:

@@ -17,6 +17,7 @@ import asyncio
 import hashlib
 from pathlib import Path
 
+from prefect._internal.compatibility.async_dispatch import async_dispatch
 from prefect.filesystems import WritableFileSystem
 from pydantic import Field, SecretStr
 
@@ -48,18 +49,21 @@ class ResultsLocation(WritableFileSystem):
         base = self.url.rstrip("/")
         return Location.open(f"{base}/{RESULTS_SUBDIR}", self.storage_options())
 
-    # Prefect's result store calls these to persist and find task results.
-    def read_path(self, path: str) -> bytes:
+    # Prefect's result store calls these to persist and find task results (as its own
+    # LocalFileSystem does: an async method, and a sync one that dispatches to it from async code).
+    async def aread_path(self, path: str) -> bytes:
+        return await asyncio.to_thread(self._results().read_bytes, path)
+
+    @async_dispatch(aread_path)
+    def read_path(self, path: str) -> bytes:  # type: ignore[override]  # as Prefect's LocalFileSystem does
         return self._results().read_bytes(path)
 
-    def write_path(self, path: str, content: bytes) -> None:
-        self._results().write_bytes(path, content)
+    async def awrite_path(self, path: str, content: bytes) -> str:
+        return await asyncio.to_thread(self._results().write_bytes, path, content)
 
-    async def aread_path(self, path: str) -> bytes:
-        return await asyncio.to_thread(self.read_path, path)
-
-    async def awrite_path(self, path: str, content: bytes) -> None:
-        await asyncio.to_thread(self.write_path, path, content)
+    @async_dispatch(awrite_path)
+    def write_path(self, path: str, content: bytes) -> str:  # type: ignore[override]  # as LocalFileSystem does
+        return self._results().write_bytes(path, content)
 
 
 async def result_storage(results: ResultsLocation) -> ResultsLocation | Path:

@@ -4,6 +4,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,7 @@ TOY = str(REPO / "tests" / "helpers" / "toy_server.py")
 os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
 
 
-def toy_profile(tmp_path: Path, *args: str, name: str = "toy", port: int | None = None, **fields: object) -> ServerProfile:
+def toy_profile(tmp_path: Path, *args: str, name: str = "toy", port: int | None = None, **fields: Any) -> ServerProfile:
     """A profile for the misbehaving toy server, on a free port, logging under tmp_path."""
     port = port or free_port()
     data = {
@@ -35,7 +36,7 @@ def toy_profile(tmp_path: Path, *args: str, name: str = "toy", port: int | None 
 
 @pytest.fixture
 def make_toy(tmp_path: Path):  # type: ignore[no-untyped-def]
-    def make(*args: str, **fields: object) -> ServerProfile:
+    def make(*args: str, **fields: Any) -> ServerProfile:
         return toy_profile(tmp_path, *args, **fields)
 
     return make

@@ -189,7 +189,7 @@ class _Parser:
 def _os_error(exc: OSError) -> tuple[str, str]:
     """A plain OSError is named by its errno (EHOSTUNREACH: "No route to host"), not just "OSError"."""
     name = type(exc).__name__
-    if type(exc) is OSError and exc.errno in errno.errorcode:
+    if type(exc) is OSError and exc.errno is not None and exc.errno in errno.errorcode:
         return errno.errorcode[exc.errno], f"{os.strerror(exc.errno)}: {exc}"
     return name, str(exc) or name
 

@@ -163,7 +163,8 @@ class _Conn(asyncio.Protocol):
         self.lost = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        assert isinstance(transport, asyncio.Transport)  # a TCP connection's transport
+        self.transport = transport
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -274,7 +275,7 @@ class Pool:
         self.sem = asyncio.Semaphore(limit)
         self.opened = 0
         self.offset = realtime_offset()
-        self._addr: tuple | None = None  # type: ignore[type-arg]
+        self._addr: tuple | None = None
 
     def request_bytes(self, path: str, body: bytes, headers: dict[str, str]) -> bytes:
         extra = b"".join(f"{k}: {v}\r\n".encode() for k, v in headers.items())

@@ -84,7 +84,8 @@ class _LagMonitor:
         return xs[min(len(xs) - 1, int(0.99 * len(xs)))] * 1000, xs[-1] * 1000
 
 
-async def _closed_loop(send: Any, concurrency: int, count: int, duration_s: float | None, first_index: int) -> list[RequestRecord]:
+async def _closed_loop(send: Any, concurrency: int, count: int, duration_s: float | None,
+                       first_index: int) -> list[RequestRecord]:
     records: list[RequestRecord] = []
     next_i = 0
     stop_at = None if duration_s is None else time.perf_counter() + duration_s

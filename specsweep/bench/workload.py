@@ -130,7 +130,7 @@ async def build_prompts(config: WorkloadConfig, count: int, tokenizer: Tokenizer
             words = max(1, round(target / TOKENS_PER_WORD))
             text = _synthetic_text(rng, words)
             n = await tokenizer(text) if tokenizer else None
-            if n is None:
+            if n is None or tokenizer is None:
                 prompts.append(Prompt(text, round(words * TOKENS_PER_WORD), exact=False))
                 continue
             # Grow or trim word by word until the count is exact (or as close as words allow).

@@ -39,7 +39,7 @@ def _known_name(endpoint: SSHEndpoint) -> str:
 
 
 class _UnknownKeyPolicy(paramiko.MissingHostKeyPolicy):
-    def __init__(self, endpoint: SSHEndpoint, logger: logging.Logger | logging.LoggerAdapter) -> None:  # type: ignore[type-arg]
+    def __init__(self, endpoint: SSHEndpoint, logger: logging.Logger | logging.LoggerAdapter) -> None:
         self.endpoint = endpoint
         self.logger = logger
 
@@ -79,7 +79,7 @@ class SSHHost(Host):
         endpoint: SSHEndpoint,
         *,
         jump: SSHEndpoint | None = None,
-        logger: logging.Logger | logging.LoggerAdapter | None = None,  # type: ignore[type-arg]
+        logger: logging.Logger | logging.LoggerAdapter | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.jump = jump
@@ -264,7 +264,7 @@ class SSHHost(Host):
                     if not data:
                         break
                     out += data
-                except socket.timeout:
+                except TimeoutError:
                     check_time()
                 while chan.recv_stderr_ready():
                     err += chan.recv_stderr(65536)

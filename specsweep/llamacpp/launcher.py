@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 import time
+from typing import Any
 
 SPEC_TYPES = {
     "none": "COMMON_SPECULATIVE_TYPE_NONE",
@@ -48,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def build_params(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def build_params(args: argparse.Namespace) -> Any:  # an xllamacpp.CommonParams (the wheel has no type stubs)
     import xllamacpp
 
     p = xllamacpp.CommonParams()

@@ -173,9 +173,8 @@ def _write(path: Path, name: str, spec: ModelSpec, n_layer: int, vocab: tuple[li
     writer.add_chat_template(CHAT_TEMPLATE)
     params = 0
     for key, arr in weights.items():
-        if key.startswith("blk."):
-            if int(key.split(".")[1]) >= n_layer:
-                continue
+        if key.startswith("blk.") and int(key.split(".")[1]) >= n_layer:
+            continue
         writer.add_tensor(key, arr)
         params += arr.size
     writer.write_header_to_file()

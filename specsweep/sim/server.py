@@ -19,6 +19,7 @@ import random
 import re
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -194,7 +195,7 @@ class SimServer:
 
     # -- token production ---------------------------------------------------------------------
 
-    async def _tokens(self, n: int):  # type: ignore[no-untyped-def]
+    async def _tokens(self, n: int) -> AsyncIterator[int]:
         """Yield k (tokens per chunk) until n tokens have been produced."""
         if self.profile.direct:
             interval = self.profile.token_interval_s
@@ -245,7 +246,8 @@ class SimServer:
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [
-            {"id": self.model_name(), "object": "model", "created": int(time.time()), "owned_by": "sglang", "root": self.model_name()}
+            {"id": self.model_name(), "object": "model", "created": int(time.time()), "owned_by": "sglang",
+             "root": self.model_name()}
         ]})
 
     async def tokenize(self, request: web.Request) -> web.Response:
@@ -258,7 +260,8 @@ class SimServer:
         rid = request.query.get("id", "")
         if rid not in self._token_log:
             return web.json_response({"error": f"unknown request id {rid!r}"}, status=404)
-        return web.json_response({"id": rid, "clock": "CLOCK_MONOTONIC (time.perf_counter)", "token_times_s": self._token_log[rid]})
+        return web.json_response({"id": rid, "clock": "CLOCK_MONOTONIC (time.perf_counter)",
+                                  "token_times_s": self._token_log[rid]})
 
     def _auth(self, request: web.Request) -> web.Response | None:
         if self.args.api_key and request.headers.get("Authorization") != f"Bearer {self.args.api_key}":
@@ -298,13 +301,14 @@ class SimServer:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         times = self._times(rid)
-        cut_at = self.rng.randint(1, max(1, max_tokens - 1)) if self.faults.cut_rate and self.rng.random() < self.faults.cut_rate else None
-        malformed_at = self.rng.randint(1, max(1, max_tokens - 1)) if self.faults.malformed_rate and self.rng.random() < self.faults.malformed_rate else None
+        cut_at = self._fault_at(self.faults.cut_rate, max_tokens)
+        malformed_at = self._fault_at(self.faults.malformed_rate, max_tokens)
         stall_at = max_tokens // 2 if self.faults.stall_s else None
         produced = 0
         continuous = bool(opts.get("continuous_usage_stats"))
         out: web.StreamResponse | _Trickle = _Trickle(resp, self.faults.trickle_s) if self.faults.trickle_s else resp
-        if self.profile.direct and not self.profile.token_interval_s and not (cut_at or malformed_at or stall_at or self.faults.trickle_s):
+        faulty = cut_at or malformed_at or stall_at or self.faults.trickle_s
+        if self.profile.direct and not self.profile.token_interval_s and not faulty:
             await self._instant_stream(resp, rid, obj, created, model, chat, prompt_tokens, max_tokens, continuous, times)
             if opts.get("include_usage"):
                 usage = {"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens,
@@ -337,7 +341,7 @@ class SimServer:
                 await out.write(b'data: {"id": "' + rid.encode() + b'", "choices": [\n\n')
             if cut_at is not None and produced >= cut_at:
                 log.warning("fault: cutting request %s off after %d tokens", rid, produced)
-                request.transport.close() if request.transport else None  # type: ignore[func-returns-value]
+                request.transport.close() if request.transport else None
                 return resp
             if stall_at is not None and produced >= stall_at:
                 stall_at = None
@@ -349,6 +353,10 @@ class SimServer:
         await out.write(b"data: [DONE]\n\n")
         self._finished_one()
         return resp
+
+    def _fault_at(self, rate: float, max_tokens: int) -> int | None:
+        """The token after which a fault hits this request, or None (it hits a ``rate`` share of requests)."""
+        return self.rng.randint(1, max(1, max_tokens - 1)) if rate and self.rng.random() < rate else None
 
     def _spec_details(self, produced: int, steps: int) -> dict[str, Any]:
         """SGLang's per-request speculation figures (``sglext.spec_tokens_details``): each verify
@@ -437,12 +445,14 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     ap.add_argument("--max-running-requests", type=int, default=None)
     ap.add_argument("--api-key", default=None)
     ap.add_argument("--sim-profile", default="kimi-k2.5-int4-8x-rtx-pro-6000", choices=sorted(PROFILES))
-    ap.add_argument("--startup-s", type=float, default=3.0, help="seconds until healthy: 60%% loading (refused), 40%% warm-up (503)")
+    ap.add_argument("--startup-s", type=float, default=3.0,
+                    help="seconds until healthy: 60%% loading (refused), 40%% warm-up (503)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fault-crash-on-start", action="store_true", help="exit 1 while loading weights")
     ap.add_argument("--fault-never-healthy", action="store_true", help="/health answers 503 forever")
     ap.add_argument("--fault-die-after", type=int, default=None, metavar="N", help="exit abruptly after N requests")
-    ap.add_argument("--fault-hang-after", type=int, default=None, metavar="N", help="generation hangs after N requests; /health stays 200")
+    ap.add_argument("--fault-hang-after", type=int, default=None, metavar="N",
+                    help="generation hangs after N requests; /health stays 200")
     ap.add_argument("--fault-error-rate", type=float, default=0.0, help="fraction of requests answered 500")
     ap.add_argument("--fault-cut-rate", type=float, default=0.0, help="fraction of streams cut off mid-way")
     ap.add_argument("--fault-malformed-rate", type=float, default=0.0, help="fraction of streams with a malformed SSE line")

@@ -21,6 +21,7 @@ from tests.helpers.prefect_server import PREFECT, REPO, postgres, prefect_cli, p
 from tests.helpers.sshd import free_port
 
 DEPLOYMENTS = {"compare-local-llamacpp/local", "compare-sglang-eagle3/sglang", "compare-speculation/profiles",
+               "benchmark-config/config",
                "eagle3-benchmark/eagle3", "baseline-benchmark/baseline"}
 
 
@@ -87,7 +88,7 @@ async def test_deployments_register_with_schedules(deployed: dict[str, str]) -> 
             assert d.pull_steps == [{"deployments.steps.enter_checkout": {}}], d.pull_steps
             assert str(REPO) not in str(d.pull_steps) and str(REPO) not in str(d.path or "")
         blocks = await client.read_block_types()
-    assert DEPLOYMENTS <= names
+    assert names >= DEPLOYMENTS
     assert {"ssh-host", "specsweep-results"} <= {b.slug for b in blocks}
 
 
@@ -166,3 +167,21 @@ async def test_bad_parameters_are_refused_when_the_run_is_created(deployed: dict
             assert err.value.response.status_code in (409, 422)
             assert needle in err.value.response.text, err.value.response.text
         assert len(await client.read_flow_runs()) == before
+
+
+async def test_serve_builds_the_same_deployments_as_prefect_yaml() -> None:
+    """deployments/serve.py reads prefect.yaml: one definition for both ways of running them."""
+    import sys
+
+    import yaml
+
+    sys.path.insert(0, str(REPO / "deployments"))
+    import serve  # type: ignore[import-not-found]
+
+    served = {d.name: d for d in await serve.deployments()}
+    spec = yaml.safe_load((REPO / "deployments" / "prefect.yaml").read_text())["deployments"]
+    assert set(served) == {d["name"] for d in spec}
+    for d in spec:
+        assert served[d["name"]].entrypoint == d["entrypoint"]
+        assert served[d["name"]].parameters == (d.get("parameters") or {})
+        assert all(not s.active for s in served[d["name"]].schedules)

@@ -99,7 +99,8 @@ FLOW_CASES: dict[str, tuple[Any, dict[str, Any], list[str]]] = {
     "repeats 0": (compare_speculation, {"baseline": profile(), "speculative": profile(name="spec"),
                                         "benchmark": {"sweep": {"repeats": 0}}},
                   ["benchmark.sweep.repeats", "greater than or equal to 1"]),
-    "llama.cpp slots 0": (compare_local_llamacpp, {"llamacpp": {"parallel": 0}}, ["llamacpp.parallel", "greater than or equal to 1"]),
+    "llama.cpp slots 0": (compare_local_llamacpp, {"llamacpp": {"parallel": 0}},
+                          ["llamacpp.parallel", "greater than or equal to 1"]),
 }
 
 
@@ -202,7 +203,8 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 CLI_CASES = {
-    "concurrency 0": (["bench", "--url", "http://127.0.0.1:9", "--concurrency", "0"], "every concurrency level must be at least 1"),
+    "concurrency 0": (["bench", "--url", "http://127.0.0.1:9", "--concurrency", "0"],
+                      "every concurrency level must be at least 1"),
     "concurrency as text": (["bench", "--url", "http://127.0.0.1:9", "--concurrency", "one,two"], "--concurrency"),
     "negative timeout": (["bench", "--url", "http://127.0.0.1:9", "--timeout", "-3"], "timeout_s"),
     "bad prompts file": (["bench", "--url", "http://127.0.0.1:9", "--dataset", "file", "--prompts-file", "/nonexistent.jsonl"],

@@ -28,7 +28,7 @@ class NetnsHost:
     addr: str
 
     @classmethod
-    def create(cls) -> "NetnsHost":
+    def create(cls) -> NetnsHost:
         tag = f"{os.getpid() % 10000}{random.randrange(100):02d}"
         name, host_if, ns_if = f"ssw{tag}", f"sswh{tag}", f"sswn{tag}"
         a, b = random.randrange(64, 250), random.randrange(0, 250)

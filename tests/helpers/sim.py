@@ -5,8 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 

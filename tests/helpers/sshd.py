@@ -94,7 +94,8 @@ LogLevel {log_level}
                 break
         except OSError:
             if proc.poll() is not None:
-                raise RuntimeError(f"sshd exited: {(workdir / 'sshd.log').read_text() if (workdir / 'sshd.log').exists() else ''}")
+                log = workdir / "sshd.log"
+                raise RuntimeError(f"sshd exited: {log.read_text() if log.exists() else ''}") from None
             time.sleep(0.05)
     import pwd
 

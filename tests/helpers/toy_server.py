@@ -30,7 +30,8 @@ def main() -> None:
     ap.add_argument("--argv-file", default=None)
     ap.add_argument("--health-status", type=int, default=200)
     ap.add_argument("--api-key", default=None)
-    ap.add_argument("--print-env", default=None, metavar="VAR", help="print VAR=value at start (as servers that echo their config)")
+    ap.add_argument("--print-env", default=None, metavar="VAR",
+                    help="print VAR=value at start (as servers that echo their config)")
     ap.add_argument("rest", nargs="*")
     args = ap.parse_args()
 

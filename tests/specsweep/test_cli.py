@@ -82,7 +82,7 @@ def test_runs_report_and_compare_from_the_store(tmp_path: Path) -> None:
         store.write_run(run_id, RunRow.model_validate(
             {"config_name": name, "engine": "sglang", "host": "local", "started_at": run_id, "status": "completed",
              "command": "python -m sglang.launch_server --speculative-num-steps 3", **fp}))
-        for i, (c, t) in enumerate(zip([1, 8], tps)):
+        for i, (c, t) in enumerate(zip([1, 8], tps, strict=True)):
             store.write_level(run_id, f"L{i:03d}", LevelRow(config_name=name, mode="concurrency", concurrency=c,
                                                             level_index=i, output_tokens_per_s=t, completed=4), [])
     out = cli("runs", "--results", str(root)).stdout

@@ -60,9 +60,8 @@ def test_unknown_host_key_accepted_only_when_asked(sshd: SSHServer, ssh_keys: tu
                                                    caplog: pytest.LogCaptureFixture) -> None:
     empty = tmp_path / "known_hosts"
     empty.write_text("")
-    with caplog.at_level(logging.WARNING):
-        with SSHHost(endpoint(sshd, ssh_keys[0], empty, accept_unknown_host_key=True)) as host:
-            assert host.run(["true"]).ok
+    with caplog.at_level(logging.WARNING), SSHHost(endpoint(sshd, ssh_keys[0], empty, accept_unknown_host_key=True)) as host:
+        assert host.run(["true"]).ok
     assert any("trusting the unknown SSH host key" in m for m in caplog.messages)
 
 

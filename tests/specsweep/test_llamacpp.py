@@ -10,10 +10,10 @@ import httpx
 import pytest
 from prefect import flow
 
+from specsweep.hosts import LocalHost
 from specsweep.llamacpp import baseline_profile, speculative_profile
 from specsweep.llamacpp.models import ModelSpec, make_models
 from specsweep.profiles import ServerProfile
-from specsweep.hosts import LocalHost
 from tasks.server import kill_server, start_server, wait_for_health
 from tests.conftest import pids_with_marker
 from tests.helpers.sshd import free_port
@@ -87,9 +87,9 @@ def test_draft_model_alone_does_not_speculate() -> None:
     profile = speculative_profile()
     argv = profile.launch_argv()
     assert argv[argv.index("--spec-type") + 1] == "draft-simple" and "-md" in argv
-    from specsweep.llamacpp.launcher import build_params, parse_args
-
     import xllamacpp
+
+    from specsweep.llamacpp.launcher import build_params, parse_args
 
     only_md = build_params(parse_args(["-m", argv[argv.index("-m") + 1], "-md", argv[argv.index("-md") + 1]]))
     assert only_md.speculative.types == [xllamacpp.common_speculative_type.COMMON_SPECULATIVE_TYPE_NONE]

@@ -55,7 +55,7 @@ async def test_counts_tokens_and_chunks_under_speculation(store: ResultsStore) -
     assert len(reqs) == 12
     assert all(sum(t) == 40 for t in reqs["chunk_tokens"])
     assert max(max(t) for t in reqs["chunk_tokens"]) > 1  # several tokens in one chunk, counted as such
-    assert all(len(times) == len(toks) for times, toks in zip(reqs["chunk_times_s"], reqs["chunk_tokens"]))
+    assert all(len(times) == len(toks) for times, toks in zip(reqs["chunk_times_s"], reqs["chunk_tokens"], strict=True))
     assert 1.5 < row.spec_accept_length < 3.5
 
 
@@ -211,7 +211,8 @@ async def test_workload_files(tmp_path: Path) -> None:
     pd.DataFrame({"prompt": ["a b", "c d"]}).to_parquet(tmp_path / "p.parquet")
     assert len(await build_prompts(WorkloadConfig(source="file", prompts_file=tmp_path / "p.parquet"), 2)) == 2
     cases = {"empty.jsonl": (b"", "holds no prompts"), "latin.jsonl": (b"\xe9t\xe9\n", "not UTF-8"),
-             "bad.jsonl": (b"{not json}\n", "line 1 is not JSON"), "nofield.jsonl": (b'{"text": "x"}\n', "no string field 'prompt'")}
+             "bad.jsonl": (b"{not json}\n", "line 1 is not JSON"),
+             "nofield.jsonl": (b'{"text": "x"}\n', "no string field 'prompt'")}
     for name, (data, needle) in cases.items():
         (tmp_path / name).write_bytes(data)
         with pytest.raises(ConfigError, match=needle):
@@ -250,7 +251,7 @@ async def test_concurrency_512_stays_within_its_connections_and_records_everythi
     with running_sim("--sim-profile", "instant", "--max-running-requests", "1024") as (url, _):
         target = BenchTarget(base_url=url)
         row = await measure(target, WorkloadConfig(input_len=4, output_len=8),
-                                  SweepConfig(num_requests=1024, warmup_requests=8), store=store, run_id="big", mode="concurrency", value=512)
+                            SweepConfig(num_requests=1024, warmup_requests=8), store=store, run_id="big", value=512)
     assert row.requests == 1024 and row.completed == 1024, row.errors
     assert 0 < row.client_connections <= 512  # never more connections than the level allows
     assert len(store.requests(["big"])) == 1024
@@ -277,6 +278,6 @@ def test_file_descriptor_limit_is_checked_before_the_level() -> None:
 async def test_duration_instead_of_a_request_count(store: ResultsStore) -> None:
     with running_sim("--sim-profile", "tiny-fast") as (url, _):
         row = await measure(BenchTarget(base_url=url), WorkloadConfig(output_len=16),
-                                  SweepConfig(duration_s=1.0, warmup_requests=1), store=store, run_id="d", mode="concurrency", value=2)
+                            SweepConfig(duration_s=1.0, warmup_requests=1), store=store, run_id="d", value=2)
     # ~400 tok/s per stream at 16 tokens: about 25 requests a second per stream; the last finish after 1 s.
     assert row.completed > 10 and 1.0 <= row.duration_s < 1.6

@@ -11,7 +11,7 @@ import pytest
 from specsweep.errors import ConfigError
 from specsweep.presets import sglang_baseline, sglang_eagle3
 from specsweep.profiles import load_profile
-from specsweep.redact import Redactor, RedactingLogger, mask_argv, mask_env
+from specsweep.redact import RedactingLogger, Redactor, mask_argv, mask_env
 
 
 def test_mask_argv_hides_values_of_secret_flags() -> None:
