@@ -6,16 +6,11 @@ from flows.pipeline import ConfigurationResult, benchmark_flow, measure_configur
 from specsweep.hosts import HostConfig
 from specsweep.profiles import ProfileParams, ServerProfile
 from specsweep.settings import BenchmarkSettings
-from tasks.blocks import aresolve_host
 
 
 @benchmark_flow("benchmark-config", servers=lambda p: [ServerProfile.model_validate(p["profile"])])
-async def benchmark_config(
-    profile: ProfileParams,
-    host: HostConfig = HostConfig(),
-    host_block: str | None = None,
-    benchmark: BenchmarkSettings = BenchmarkSettings(),
-) -> ConfigurationResult:
+async def benchmark_config(profile: ProfileParams, host: HostConfig = HostConfig(),
+                           benchmark: BenchmarkSettings = BenchmarkSettings()) -> ConfigurationResult:
     """Kill leftovers, start the server, wait until healthy, measure every level, kill the server."""
-    (result,) = await measure_configurations([profile], await aresolve_host(host, host_block), benchmark)
+    (result,) = await measure_configurations([profile], host, benchmark)
     return result

@@ -18,7 +18,6 @@ from specsweep.bench.config import SweepConfig, WorkloadConfig
 from specsweep.hosts import HostConfig
 from specsweep.profiles import ProfileParams, ServerProfile
 from specsweep.settings import BenchmarkSettings, LlamaCppSettings, SGLangSettings
-from tasks.blocks import aresolve_host
 
 #: The main job's defaults: tiny models on two CPU cores.
 LOCAL_BENCHMARK = BenchmarkSettings(
@@ -29,17 +28,11 @@ LOCAL_BENCHMARK = BenchmarkSettings(
 
 @benchmark_flow("compare-speculation", servers=lambda p: [ServerProfile.model_validate(p[k])
                                                           for k in ("baseline", "speculative")])
-async def compare_speculation(
-    baseline: ProfileParams,
-    speculative: ProfileParams,
-    host: HostConfig = HostConfig(),
-    host_block: str | None = None,
-    benchmark: BenchmarkSettings = BenchmarkSettings(),
-    allow_mismatch: bool = False,
-) -> ComparisonResult:
+async def compare_speculation(baseline: ProfileParams, speculative: ProfileParams, host: HostConfig = HostConfig(),
+                              benchmark: BenchmarkSettings = BenchmarkSettings(),
+                              allow_mismatch: bool = False) -> ComparisonResult:
     """Measure both configurations one after the other and say where speculation stops paying."""
-    return await compare_configurations_on(baseline, speculative, await aresolve_host(host, host_block), benchmark,
-                                           allow_mismatch)
+    return await compare_configurations_on(baseline, speculative, host, benchmark, allow_mismatch)
 
 
 def _sglang_servers(params: dict[str, Any]) -> list[ServerProfile]:
@@ -48,16 +41,12 @@ def _sglang_servers(params: dict[str, Any]) -> list[ServerProfile]:
 
 
 @benchmark_flow("compare-sglang-eagle3", servers=_sglang_servers)
-async def compare_sglang_eagle3(
-    sglang: SGLangSettings = SGLangSettings(),
-    host: HostConfig = HostConfig(),
-    host_block: str | None = None,
-    benchmark: BenchmarkSettings = SGLANG_BENCHMARK,
-    allow_mismatch: bool = False,
-) -> ComparisonResult:
+async def compare_sglang_eagle3(sglang: SGLangSettings = SGLangSettings(), host: HostConfig = HostConfig(),
+                                benchmark: BenchmarkSettings = SGLANG_BENCHMARK,
+                                allow_mismatch: bool = False) -> ComparisonResult:
     """SGLang baseline vs EAGLE-3 from a few fields (model paths, TP, port); simulate=true rehearses it."""
     return await compare_configurations_on(sglang.profile("baseline"), sglang.profile("eagle3"),
-                                           await aresolve_host(host, host_block), benchmark, allow_mismatch)
+                                           host, benchmark, allow_mismatch)
 
 
 def _local_servers(params: dict[str, Any]) -> list[ServerProfile]:
@@ -66,10 +55,8 @@ def _local_servers(params: dict[str, Any]) -> list[ServerProfile]:
 
 
 @benchmark_flow("compare-local-llamacpp", servers=_local_servers)
-async def compare_local_llamacpp(
-    llamacpp: LlamaCppSettings = LlamaCppSettings(),
-    benchmark: BenchmarkSettings = LOCAL_BENCHMARK,
-) -> ComparisonResult:
+async def compare_local_llamacpp(llamacpp: LlamaCppSettings = LlamaCppSettings(),
+                                 benchmark: BenchmarkSettings = LOCAL_BENCHMARK) -> ComparisonResult:
     """llama.cpp on this machine's CPU: baseline vs draft speculation, with tiny generated models."""
     return await compare_configurations_on(llamacpp.profile("baseline"), llamacpp.profile("speculative"), HostConfig(),
                                            benchmark)

@@ -40,7 +40,7 @@ from specsweep.settings import BenchmarkSettings
 from specsweep.store import ResultsStore
 from specsweep.sweep import RunRecorder, SweepJob, finished_run, new_run_row, plan, run_levels
 from tasks.benchmark import run_concurrency_benchmark
-from tasks.blocks import aresolve_profile, aresolve_secret, resolve_host
+from tasks.blocks import aresolve_host, aresolve_profile, aresolve_secret, resolve_host
 from tasks.results import artifact_key, compare_configurations, fingerprint_environment, publish_configuration
 from tasks.server import served
 from tasks.storage import ResultsLocation, aresolve_results, result_storage
@@ -92,12 +92,13 @@ async def opened(config: HostConfig) -> AsyncIterator[Host]:
         await asyncio.to_thread(host.close)
 
 
-async def measure_configurations(profiles: list[ProfileParams], host_config: HostConfig,
+async def measure_configurations(profiles: list[ProfileParams], host: HostConfig,
                                  benchmark: BenchmarkSettings) -> list[ConfigurationResult]:
     """Each configuration in turn on one host, holding its lock from the first kill to the last."""
     prepared, servers = await prepare(benchmark, profiles)
-    async with host_lock(host_config), opened(host_config) as host:
-        return [await measure_configuration(profile, host, host_config, prepared) for profile in servers]
+    host_config = await aresolve_host(host)
+    async with host_lock(host_config), opened(host_config) as connection:
+        return [await measure_configuration(profile, connection, host_config, prepared) for profile in servers]
 
 
 async def measure_configuration(profile: ServerProfile, host: Host, host_config: HostConfig,
@@ -162,12 +163,12 @@ def run_id_for(profile: ServerProfile) -> str:
     return f"{stamp}-{profile.name}-{flow_run.id.hex[:8]}"
 
 
-async def compare_configurations_on(baseline: ProfileParams, speculative: ProfileParams, host_config: HostConfig,
+async def compare_configurations_on(baseline: ProfileParams, speculative: ProfileParams, host: HostConfig,
                                     benchmark: BenchmarkSettings, allow_mismatch: bool = False) -> ComparisonResult:
     """Baseline, then speculative, back to back on one host; then the comparison of the two."""
     get_run_logger().info("comparing %s (baseline) with %s (speculative) on %s", baseline.name, speculative.name,
-                          host_config.label)
-    base, spec = await measure_configurations([baseline, speculative], host_config, benchmark)
+                          host.label)
+    base, spec = await measure_configurations([baseline, speculative], host, benchmark)
     results = await aresolve_results(benchmark.results, benchmark.results_block)
     store = ResultsStore(results.url, results.storage_options())
     comp = await compare_configurations(base.run_id, spec.run_id, store, allow_mismatch)
@@ -209,7 +210,7 @@ def cleanup_hook(servers: ServersOf) -> FlowStateHook[..., Any]:
         log: logging.Logger | logging.LoggerAdapter[logging.Logger] = flow_run_logger(flow_run, flow)
         params = flow_run.parameters or {}
         try:
-            host_config = resolve_host(HostConfig.model_validate(params.get("host") or {}), params.get("host_block"))
+            host_config = resolve_host(HostConfig.model_validate(params.get("host") or {}))
             profiles = servers(params)
         except ValidationError:
             # Parameters that do not validate were refused before the flow body ran: nothing started.

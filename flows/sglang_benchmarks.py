@@ -8,7 +8,6 @@ from flows.pipeline import ConfigurationResult, ServersOf, benchmark_flow, measu
 from specsweep.bench.config import SweepConfig
 from specsweep.hosts import HostConfig
 from specsweep.settings import BenchmarkSettings, SGLangSettings
-from tasks.blocks import aresolve_host
 
 #: The sweep an SGLang GPU host gets by default: up to 64 in flight.
 SGLANG_BENCHMARK = BenchmarkSettings(sweep=SweepConfig(concurrency=[1, 2, 4, 8, 16, 32, 64]))
@@ -18,23 +17,17 @@ def sglang_servers(kind: Literal["baseline", "eagle3"]) -> ServersOf:
     return lambda params: [SGLangSettings.model_validate(params.get("sglang") or {}).profile(kind)]
 
 
-async def run_sglang(kind: Literal["baseline", "eagle3"], sglang: SGLangSettings, host: HostConfig,
-                     host_block: str | None, benchmark: BenchmarkSettings) -> ConfigurationResult:
-    (result,) = await measure_configurations([sglang.profile(kind)], await aresolve_host(host, host_block), benchmark)
-    return result
-
-
 @benchmark_flow("baseline-benchmark", servers=sglang_servers("baseline"))
 async def baseline_benchmark(sglang: SGLangSettings = SGLangSettings(), host: HostConfig = HostConfig(),
-                             host_block: str | None = None,
                              benchmark: BenchmarkSettings = SGLANG_BENCHMARK) -> ConfigurationResult:
     """SGLang without speculation, measured at every concurrency level."""
-    return await run_sglang("baseline", sglang, host, host_block, benchmark)
+    (result,) = await measure_configurations([sglang.profile("baseline")], host, benchmark)
+    return result
 
 
 @benchmark_flow("eagle3-benchmark", servers=sglang_servers("eagle3"))
 async def eagle3_benchmark(sglang: SGLangSettings = SGLangSettings(), host: HostConfig = HostConfig(),
-                           host_block: str | None = None,
                            benchmark: BenchmarkSettings = SGLANG_BENCHMARK) -> ConfigurationResult:
     """SGLang with EAGLE-3 speculative decoding, measured at every concurrency level."""
-    return await run_sglang("eagle3", sglang, host, host_block, benchmark)
+    (result,) = await measure_configurations([sglang.profile("eagle3")], host, benchmark)
+    return result

@@ -5,7 +5,7 @@
     SSHHostBlock(hostname="gpu-01", user="bench", private_key=open("id_ed25519").read(),
                  known_hosts=open("known_hosts").read()).save("gpu-01")
 
-Flows take the block's name (``host_block="gpu-01"``), so no key ever travels as a flow
+Flows take the block's name (``host={"block": "gpu-01"}``), so no key ever travels as a flow
 parameter or shows in the UI. API keys for the engine live in Prefect ``Secret`` blocks.
 """
 
@@ -55,7 +55,9 @@ class SSHHostBlock(Block):
     jump_user: str | None = Field(None, description="Login name on the jump host; default the same user.")
     http_address: str | None = Field(None, description="Address the benchmark client uses to reach the server port.")
 
-    def host_config(self) -> HostConfig:
+    def host_config(self, named_by: HostConfig | None = None) -> HostConfig:
+        """The host as a flow uses it (``named_by``: the parameter that named this block; its
+        http_address, if set, is kept)."""
         known = _known_hosts_file(self.known_hosts) if self.known_hosts else (
             Path(self.known_hosts_path) if self.known_hosts_path else None)
         common = dict(private_key=self.private_key, passphrase=self.passphrase, known_hosts=known,
@@ -64,25 +66,26 @@ class SSHHostBlock(Block):
         jump = (SSHEndpoint(hostname=self.jump_hostname, port=self.jump_port, user=self.jump_user or self.user,
                             **common)
                 if self.jump_hostname else None)
-        return HostConfig(kind="ssh", ssh=target, jump=jump, http_address=self.http_address)
+        address = named_by.http_address if named_by and named_by.http_address else self.http_address
+        return HostConfig(kind="ssh", ssh=target, jump=jump, http_address=address)
 
 
-def resolve_host(host: HostConfig, host_block: str | None) -> HostConfig:
-    """The host a flow runs on: a saved ssh-host block when named, else the host parameter."""
-    if not host_block:
+def resolve_host(host: HostConfig) -> HostConfig:
+    """The host a flow runs on: the saved ssh-host block it names, else the host as given."""
+    if not host.block:
         return host
-    return _ssh_block(SSHHostBlock.load(host_block), host_block).host_config()
+    return _ssh_block(SSHHostBlock.load(host.block), host.block).host_config(host)
 
 
-async def aresolve_host(host: HostConfig, host_block: str | None) -> HostConfig:
-    if not host_block:
+async def aresolve_host(host: HostConfig) -> HostConfig:
+    if not host.block:
         return host
-    return _ssh_block(await SSHHostBlock.aload(host_block), host_block).host_config()
+    return _ssh_block(await SSHHostBlock.aload(host.block), host.block).host_config(host)
 
 
 def _ssh_block(block: object, name: str) -> SSHHostBlock:
     if not isinstance(block, SSHHostBlock):
-        raise ConfigError(f"host_block {name!r} is a {type(block).__name__} block, not an ssh-host block")
+        raise ConfigError(f"host.block {name!r} is a {type(block).__name__} block, not an ssh-host block")
     return block
 
 

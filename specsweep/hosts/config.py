@@ -54,6 +54,11 @@ class HostConfig(BaseModel):
     jump: SSHEndpoint | None = Field(
         None, description="Optional bastion to reach the host through (like ssh -J)."
     )
+    block: str | None = Field(
+        None,
+        description="Name of a saved ssh-host block: the host's login details and key come from it (kept in "
+        "Prefect, out of the run's parameters). Leave the other fields empty when you name one.",
+    )
     http_address: str | None = Field(
         None,
         description="Address the benchmark client uses to reach the server's port; "
@@ -64,6 +69,8 @@ class HostConfig(BaseModel):
     def _ssh_needs_endpoint(self) -> HostConfig:
         if self.kind == "ssh" and self.ssh is None:
             raise ValueError("kind is 'ssh' but no 'ssh' login details were given: add ssh.hostname (and user, key)")
+        if self.block is not None and (self.kind != "local" or self.ssh is not None or self.jump is not None):
+            raise ValueError(f"block {self.block!r} names the host's settings: leave kind, ssh and jump empty")
         if self.kind == "local" and (self.ssh is not None or self.jump is not None):
             raise ValueError("ssh/jump settings were given but kind is 'local': set kind to 'ssh' or drop them")
         return self
@@ -80,6 +87,8 @@ class HostConfig(BaseModel):
 
     @property
     def label(self) -> str:
+        if self.block:
+            return f"ssh-host block {self.block}"
         if self.kind == "local" or self.ssh is None:
             return "local"
         user = f"{self.ssh.user}@" if self.ssh.user else ""

@@ -45,7 +45,7 @@ async def test_nothing_a_run_leaves_shows_the_ssh_key_or_the_api_key(
     profile = profile.model_copy(update={"api_key_secret": "engine-key", "log_path": str(tmp_path / "server.log")})
     results = tmp_path / "results"
     state = await benchmark_config(
-        profile=profile, host_block="loopback-gpu", return_state=True,
+        profile=profile, host={"block": "loopback-gpu"}, return_state=True,  # type: ignore[arg-type]
         benchmark={"sweep": {"concurrency": [2], "num_requests": 6, "warmup_requests": 1},  # type: ignore[arg-type]
                    "workload": {"input_len": 8, "output_len": 8}, "results": str(results)},
     )
@@ -70,7 +70,7 @@ async def test_nothing_a_run_leaves_shows_the_ssh_key_or_the_api_key(
         "CLI": cli("runs", "--results", str(results)) + cli("report", run_id, "--results", str(results)),
     }
     # Each place really holds the run's traces, so that finding nothing means something.
-    assert run.parameters["host_block"] == "loopback-gpu" and "engine-key" in left_behind["parameters"]
+    assert run.parameters["host"] == {"block": "loopback-gpu"} and "engine-key" in left_behind["parameters"]
     assert any("[server]" in m and "--admin-api-key" in m for m in logs)  # the printed key went through the log
     assert len(artifacts) >= 2 and run_id in left_behind["CLI"] and len(left_behind["results files"]) > 1000
     key_lines = [ln for ln in ssh_keys[0].read_text().splitlines() if len(ln) > 40]

@@ -19,10 +19,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @contextmanager
-def serving(module: str, flow_attr: str, deployment: str) -> Iterator[subprocess.Popen[bytes]]:
-    """Run ``module.flow_attr.serve(name=deployment)`` in a runner process against the test server."""
+def serving(module: str, flow_attr: str, deployment: str,
+            env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``module.flow_attr.serve(name=deployment)`` in a runner process against the test server
+    (``env``: more environment for it, e.g. a PREFECT_HOME of its own, as another worker machine has)."""
     env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "PREFECT_RUNNER_POLL_FREQUENCY": "1",
-           "PYTHONPATH": str(REPO)}
+           "PYTHONPATH": str(REPO), **(env or {})}
     code = f"from {module} import {flow_attr} as f; f.serve(name={deployment!r})"
     log = open(REPO / "data" / f".runner-{deployment}.log", "wb")  # noqa: SIM115
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
