@@ -2,13 +2,16 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from specsweep.health import HealthReport
+from specsweep.hosts import Host
 from specsweep.hosts.config import HostConfig, SSHEndpoint
+from specsweep.lifecycle import ServerHandle
 from specsweep.profiles import ServerProfile
 from tests.helpers.sshd import SSHServer, free_port, keygen, start_sshd
 
@@ -34,8 +37,11 @@ def toy_profile(tmp_path: Path, *args: str, name: str = "toy", port: int | None 
     return ServerProfile.model_validate(data)
 
 
+MakeToy = Callable[..., ServerProfile]
+
+
 @pytest.fixture
-def make_toy(tmp_path: Path):  # type: ignore[no-untyped-def]
+def make_toy(tmp_path: Path) -> MakeToy:
     def make(*args: str, **fields: Any) -> ServerProfile:
         return toy_profile(tmp_path, *args, **fields)
 
@@ -110,7 +116,8 @@ def prefect_harness() -> Iterator[None]:
         yield
 
 
-async def wait_ready(host, profile: ServerProfile, handle, *, url: str | None = None, **kwargs):  # type: ignore[no-untyped-def]
+async def wait_ready(host: Host, profile: ServerProfile, handle: ServerHandle, *, url: str | None = None,
+                     **kwargs: Any) -> HealthReport:
     """specsweep.health.wait_for_health against the server's port on this machine (or ``url``)."""
     from specsweep.health import wait_for_health
     from specsweep.server_api import ServerAPI

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,13 +79,13 @@ def sim_profile(tmp_path: Path, startup_s: float) -> ServerProfile:
                                       "log_path": str(tmp_path / "server.log")})
 
 
-def in_background(fn) -> threading.Thread:  # type: ignore[no-untyped-def]
+def in_background(fn: Callable[[], None]) -> threading.Thread:
     t = threading.Thread(target=fn, daemon=True)
     t.start()
     return t
 
 
-def wait_for(predicate, timeout: float = 60) -> None:  # type: ignore[no-untyped-def]
+def wait_for(predicate: Callable[[], bool], timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:

@@ -15,6 +15,7 @@ from prefect.states import Cancelling, Scheduled
 from flows.compare_speculation import compare_speculation
 from specsweep.bench.config import SweepConfig, WorkloadConfig
 from specsweep.presets import sglang_baseline, sglang_eagle3
+from specsweep.profiles import ServerProfile
 from specsweep.settings import BenchmarkSettings
 from specsweep.store import ResultsStore
 from tests.conftest import pids_with_marker
@@ -25,7 +26,7 @@ from tests.helpers.sshd import free_port
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 
-def sim_profiles(port: int, *extra: str):  # type: ignore[no-untyped-def]
+def sim_profiles(port: int, *extra: str) -> tuple[ServerProfile, ServerProfile]:
     common = dict(port=port, host="127.0.0.1", simulate=True, sim_profile="tiny-fast", sim_startup_s=0.3, tp=8)
     base = sglang_baseline("/models/kimi", extra_args=list(extra), **common)  # type: ignore[arg-type]
     spec = sglang_eagle3("/models/kimi", "/models/eagle3", extra_args=list(extra), **common)  # type: ignore[arg-type]

@@ -12,6 +12,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow.fs as pafs
+
 from tests.helpers.sshd import free_port
 
 ACCESS_KEY, SECRET_KEY, REGION = "specsweep-test-key", "specsweep-test-secret", "us-east-1"
@@ -25,16 +27,12 @@ class S3Server:
     def url(self, prefix: str) -> str:
         return f"s3://{self.bucket}/{prefix}"
 
-    def filesystem(self):  # type: ignore[no-untyped-def]
-        import pyarrow.fs as pafs
-
+    def filesystem(self) -> pafs.S3FileSystem:
         return pafs.S3FileSystem(endpoint_override=self.endpoint, scheme="http", region=REGION, access_key=ACCESS_KEY,
                                  secret_key=SECRET_KEY, allow_bucket_creation=True)
 
     def keys(self, prefix: str) -> list[str]:
         """Every object under ``bucket/prefix``."""
-        import pyarrow.fs as pafs
-
         infos = self.filesystem().get_file_info(pafs.FileSelector(f"{self.bucket}/{prefix}", recursive=True,
                                                                   allow_not_found=True))
         return sorted(i.path for i in infos if i.type == pafs.FileType.File)

@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -90,8 +91,11 @@ def test_unresolvable_host_is_a_clear_error(ssh_keys: tuple[Path, str], known_ho
         SSHHost(ep).run(["true"])
 
 
+JumpPair = tuple[SSHServer, SSHServer, SSHServer, Path]  # target, bastion, bastion without forwarding, known_hosts
+
+
 @pytest.fixture(scope="module")
-def jump_pair(tmp_path_factory: pytest.TempPathFactory, ssh_keys: tuple[Path, str]):  # type: ignore[no-untyped-def]
+def jump_pair(tmp_path_factory: pytest.TempPathFactory, ssh_keys: tuple[Path, str]) -> Iterator[JumpPair]:
     """A target that listens on 127.0.0.2 and a bastion; the bastion logs each forwarded channel."""
     target = start_sshd(tmp_path_factory.mktemp("target"), [ssh_keys[1]], address="127.0.0.2")
     bastion = start_sshd(tmp_path_factory.mktemp("bastion"), [ssh_keys[1]], log_level="DEBUG1")
@@ -103,7 +107,7 @@ def jump_pair(tmp_path_factory: pytest.TempPathFactory, ssh_keys: tuple[Path, st
         s.stop()
 
 
-def test_jump_host(jump_pair, ssh_keys: tuple[Path, str]) -> None:  # type: ignore[no-untyped-def]
+def test_jump_host(jump_pair: JumpPair, ssh_keys: tuple[Path, str]) -> None:
     target, bastion, _, known = jump_pair
     cfg = HostConfig(kind="ssh", ssh=endpoint(target, ssh_keys[0], known), jump=endpoint(bastion, ssh_keys[0], known))
     with open_host(cfg) as host:
@@ -112,7 +116,8 @@ def test_jump_host(jump_pair, ssh_keys: tuple[Path, str]) -> None:  # type: igno
     assert f"127.0.0.2 port {target.port}" in bastion.log  # the bastion opened the tunnel to the target
 
 
-def test_jump_host_without_forwarding_is_a_clear_error(jump_pair, ssh_keys: tuple[Path, str]) -> None:  # type: ignore[no-untyped-def]
+def test_jump_host_without_forwarding_is_a_clear_error(jump_pair: JumpPair,
+                                                       ssh_keys: tuple[Path, str]) -> None:
     target, _, closed, known = jump_pair
     cfg = HostConfig(kind="ssh", ssh=endpoint(target, ssh_keys[0], known), jump=endpoint(closed, ssh_keys[0], known))
     with pytest.raises(HostError, match="could not open a tunnel"):

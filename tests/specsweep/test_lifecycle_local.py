@@ -12,7 +12,7 @@ import pytest
 from specsweep.errors import HealthTimeoutError, PortBusyError, ServerCrashedError
 from specsweep.hosts import LocalHost
 from specsweep.lifecycle import find_handle, kill_server, start_server
-from tests.conftest import pids_alive, pids_with_marker, wait_ready
+from tests.conftest import MakeToy, pids_alive, pids_with_marker, wait_ready
 
 
 @pytest.fixture
@@ -20,7 +20,7 @@ def host() -> LocalHost:
     return LocalHost()
 
 
-async def test_start_wait_kill_leaves_nothing(host: LocalHost, make_toy) -> None:  # type: ignore[no-untyped-def]
+async def test_start_wait_kill_leaves_nothing(host: LocalHost, make_toy: MakeToy) -> None:
     profile = make_toy("--listen-after", "0.3", "--warmup", "0.5")
     handle = start_server(host, profile)
     lines: list[str] = []
@@ -34,7 +34,7 @@ async def test_start_wait_kill_leaves_nothing(host: LocalHost, make_toy) -> None
     assert pids_alive([handle.pid]) == []
 
 
-async def test_startup_crash_fails_fast_with_log_tail(host: LocalHost, make_toy) -> None:  # type: ignore[no-untyped-def]
+async def test_startup_crash_fails_fast_with_log_tail(host: LocalHost, make_toy: MakeToy) -> None:
     profile = make_toy("--crash-after", "0.5")
     handle = start_server(host, profile)
     t0 = time.monotonic()
@@ -45,7 +45,7 @@ async def test_startup_crash_fails_fast_with_log_tail(host: LocalHost, make_toy)
     assert f"pid {handle.pid}" in str(err.value)
 
 
-async def test_never_ready_times_out_with_log_tail(host: LocalHost, make_toy) -> None:  # type: ignore[no-untyped-def]
+async def test_never_ready_times_out_with_log_tail(host: LocalHost, make_toy: MakeToy) -> None:
     profile = make_toy("--warmup", "1000")
     handle = start_server(host, profile)
     try:
@@ -57,7 +57,7 @@ async def test_never_ready_times_out_with_log_tail(host: LocalHost, make_toy) ->
         kill_server(host, profile, handle)
 
 
-async def test_unexpected_status_is_polled_again_not_ready(host: LocalHost, make_toy) -> None:  # type: ignore[no-untyped-def]
+async def test_unexpected_status_is_polled_again_not_ready(host: LocalHost, make_toy: MakeToy) -> None:
     profile = make_toy("--health-status", "500")
     handle = start_server(host, profile)
     try:
@@ -67,7 +67,7 @@ async def test_unexpected_status_is_polled_again_not_ready(host: LocalHost, make
         kill_server(host, profile, handle)
 
 
-async def test_readiness_probe_needs_a_generation(host: LocalHost, make_toy) -> None:  # type: ignore[no-untyped-def]
+async def test_readiness_probe_needs_a_generation(host: LocalHost, make_toy: MakeToy) -> None:
     profile = make_toy(readiness_probe=True)
     handle = start_server(host, profile)
     try:
@@ -77,7 +77,7 @@ async def test_readiness_probe_needs_a_generation(host: LocalHost, make_toy) -> 
         kill_server(host, profile, handle)
 
 
-def test_busy_port_names_the_holder(host: LocalHost, make_toy) -> None:  # type: ignore[no-untyped-def]
+def test_busy_port_names_the_holder(host: LocalHost, make_toy: MakeToy) -> None:
     holder = socket.socket()
     holder.bind(("127.0.0.1", 0))
     holder.listen()
@@ -93,7 +93,7 @@ def test_busy_port_names_the_holder(host: LocalHost, make_toy) -> None:  # type:
         holder.close()
 
 
-async def test_busy_port_killed_first_when_asked(host: LocalHost, make_toy) -> None:  # type: ignore[no-untyped-def]
+async def test_busy_port_killed_first_when_asked(host: LocalHost, make_toy: MakeToy) -> None:
     stray = make_toy(name="stray")
     stray_handle = start_server(host, stray)
     await wait_ready(host, stray, stray_handle)
@@ -106,7 +106,7 @@ async def test_busy_port_killed_first_when_asked(host: LocalHost, make_toy) -> N
         kill_server(host, profile, handle)
 
 
-async def test_tree_with_grandchild_in_own_session_is_killed(host: LocalHost, make_toy) -> None:  # type: ignore[no-untyped-def]
+async def test_tree_with_grandchild_in_own_session_is_killed(host: LocalHost, make_toy: MakeToy) -> None:
     profile = make_toy("--spawn-grandchild")
     handle = start_server(host, profile)
     await wait_ready(host, profile, handle)
@@ -122,7 +122,7 @@ async def test_tree_with_grandchild_in_own_session_is_killed(host: LocalHost, ma
     assert pids_with_marker(profile.port) == []
 
 
-async def test_sigterm_ignored_gets_sigkill(host: LocalHost, make_toy) -> None:  # type: ignore[no-untyped-def]
+async def test_sigterm_ignored_gets_sigkill(host: LocalHost, make_toy: MakeToy) -> None:
     profile = make_toy("--ignore-sigterm", kill_grace_s=0.5)
     handle = start_server(host, profile)
     await wait_ready(host, profile, handle)
@@ -131,12 +131,12 @@ async def test_sigterm_ignored_gets_sigkill(host: LocalHost, make_toy) -> None: 
     assert pids_alive([handle.pid]) == []
 
 
-def test_kill_when_nothing_runs_succeeds(host: LocalHost, make_toy) -> None:  # type: ignore[no-untyped-def]
+def test_kill_when_nothing_runs_succeeds(host: LocalHost, make_toy: MakeToy) -> None:
     report = kill_server(host, make_toy())
     assert report.killed == [] and report.port_free
 
 
-async def test_leftovers_found_without_a_handle(host: LocalHost, make_toy) -> None:  # type: ignore[no-untyped-def]
+async def test_leftovers_found_without_a_handle(host: LocalHost, make_toy: MakeToy) -> None:
     """A later run (another process, no handle) finds the server by its marker and port."""
     profile = make_toy()
     handle = start_server(host, profile)
@@ -147,7 +147,7 @@ async def test_leftovers_found_without_a_handle(host: LocalHost, make_toy) -> No
     assert pids_alive([handle.pid]) == []
 
 
-async def test_cleanup_pattern_kills_escaped_processes(host: LocalHost, make_toy, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+async def test_cleanup_pattern_kills_escaped_processes(host: LocalHost, make_toy: MakeToy, tmp_path: Path) -> None:
     import subprocess
 
     # A stray that is in no tree of ours and carries no marker: only its name gives it away.
@@ -161,7 +161,7 @@ async def test_cleanup_pattern_kills_escaped_processes(host: LocalHost, make_toy
         stray.kill()
 
 
-async def test_shell_metacharacters_arrive_literally(host: LocalHost, make_toy, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+async def test_shell_metacharacters_arrive_literally(host: LocalHost, make_toy: MakeToy, tmp_path: Path) -> None:
     hostile = ["; touch /tmp/pwned-specsweep", "$(touch /tmp/pwned-specsweep)", "`id`", "a\nb", "it's \"quoted\"", "*"]
     out = tmp_path / "argv.json"
     profile = make_toy("--argv-file", str(out), "--", *hostile)
@@ -175,7 +175,7 @@ async def test_shell_metacharacters_arrive_literally(host: LocalHost, make_toy, 
         kill_server(host, profile, handle)
 
 
-async def test_secrets_masked_in_handle_report_and_crash_error(host: LocalHost, make_toy) -> None:  # type: ignore[no-untyped-def]
+async def test_secrets_masked_in_handle_report_and_crash_error(host: LocalHost, make_toy: MakeToy) -> None:
     secret = "sk-live-9f8e7d6c5b4a"
     profile = make_toy("--api-key", secret, "--crash-after", "0.2", env={"HF_TOKEN": "hf_abcdefghijklmnop"})
     handle = start_server(host, profile)

@@ -97,7 +97,7 @@ def test_draft_model_alone_does_not_speculate() -> None:
     assert with_type.speculative.types == [xllamacpp.common_speculative_type.COMMON_SPECULATIVE_TYPE_DRAFT_SIMPLE]
 
 
-def test_launcher_health_is_refused_then_loading_then_ok(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_launcher_health_is_refused_then_loading_then_ok(tmp_path: Path) -> None:
     """As llama-server: connection refused, then 503 "Loading model", then 200 {"status":"ok"}; SIGTERM exits 0."""
     import signal
     import subprocess

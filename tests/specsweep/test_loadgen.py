@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -160,7 +161,7 @@ async def test_store_reads_back_with_pandas_and_partitions(store: ResultsStore) 
 
 
 @pytest.fixture
-def small_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
+def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A real 256 KiB filesystem (tmpfs) for the results, so that disks can fill up and turn read-only."""
     import subprocess
 

@@ -9,13 +9,13 @@ from prefect.context import get_run_context
 from flows.server_lifecycle import server_lifecycle
 from specsweep.hosts import HostConfig, open_host
 from specsweep.stages import LifecycleOptions, StageOptions
-from tests.conftest import pids_alive, pids_with_marker
+from tests.conftest import MakeToy, pids_alive, pids_with_marker
 from tests.helpers.logs import flow_logs
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 
-async def test_lifecycle_flow_logs_progress_and_leaves_nothing(make_toy) -> None:  # type: ignore[no-untyped-def]
+async def test_lifecycle_flow_logs_progress_and_leaves_nothing(make_toy: MakeToy) -> None:
     profile = make_toy("--listen-after", "0.3", "--warmup", "0.5", "--api-key", "sk-flow-secret-987")
     state = await server_lifecycle(profile, return_state=True)
     report = await state.result()
@@ -28,7 +28,7 @@ async def test_lifecycle_flow_logs_progress_and_leaves_nothing(make_toy) -> None
     assert "sk-flow-secret-987" not in joined and "--api-key ***" in joined
 
 
-async def test_wait_timeout_option_fails_the_flow_and_kills_the_server(make_toy) -> None:  # type: ignore[no-untyped-def]
+async def test_wait_timeout_option_fails_the_flow_and_kills_the_server(make_toy: MakeToy) -> None:
     profile = make_toy("--warmup", "1000", startup_timeout_s=600)
     stages = LifecycleOptions(wait=StageOptions(timeout_s=1.5))
     state = await server_lifecycle(profile, stages=stages, return_state=True)
@@ -39,7 +39,7 @@ async def test_wait_timeout_option_fails_the_flow_and_kills_the_server(make_toy)
     assert pids_with_marker(profile.port) == []
 
 
-async def test_startup_crash_fails_flow_with_log_tail(make_toy) -> None:  # type: ignore[no-untyped-def]
+async def test_startup_crash_fails_flow_with_log_tail(make_toy: MakeToy) -> None:
     profile = make_toy("--crash-after", "0.3")
     state = await server_lifecycle(profile, return_state=True)
     assert state.is_failed()
@@ -47,7 +47,7 @@ async def test_startup_crash_fails_flow_with_log_tail(make_toy) -> None:  # type
     assert "CUDA out of memory" in messages
 
 
-async def test_tasks_over_ssh(ssh_host_config: HostConfig, make_toy) -> None:  # type: ignore[no-untyped-def]
+async def test_tasks_over_ssh(ssh_host_config: HostConfig, make_toy: MakeToy) -> None:
     from tasks.server import kill_server, start_server, wait_for_health
 
     profile = make_toy("--spawn-grandchild")
