@@ -133,7 +133,11 @@ class Row(BaseModel):
 
 
 class RequestRow(Row):
-    """A request as stored (the ``requests`` dataset): raw stamps, its level, derived figures."""
+    """A request as stored (the ``requests`` dataset): raw stamps, its level, derived figures.
+
+    It repeats RequestRecord's fields on purpose: the record is the timed path's plain mutable
+    dataclass (filled chunk by chunk, no validation), the row the validated stored form. A test
+    holds the two together (every record field is a row field)."""
 
     index: int
     mode: Mode

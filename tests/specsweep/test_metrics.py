@@ -113,3 +113,11 @@ def test_saturation_rule() -> None:
 def test_merge_repeats_takes_medians() -> None:
     merged = merge_repeats([level(1.0, 3.0, errors="a"), level(5.0, 1.0, errors="a"), level(2.0, 2.0, errors="a")])
     assert (merged.output_tokens_per_s, merged.e2e_ms_median, merged.errors) == (2.0, 2.0, "a")
+
+
+def test_every_request_record_field_is_stored() -> None:
+    from dataclasses import fields
+
+    from specsweep.records import RequestRow
+
+    assert {f.name for f in fields(RequestRecord)} <= set(RequestRow.model_fields)
