@@ -172,7 +172,7 @@ async def compare_configurations_on(baseline: ProfileParams, speculative: Profil
     results = await aresolve_results(benchmark.results, benchmark.results_block)
     store = ResultsStore(results.url, results.storage_options())
     comp = await compare_configurations(base.run_id, spec.run_id, store, allow_mismatch)
-    return ComparisonResult(baseline=base, speculative=spec, comparison=comp, results=store.url)
+    return ComparisonResult(baseline=base, speculative=spec, comparison=comp, results=str(store))
 
 
 class ComparisonResult(BaseModel):
