@@ -25,7 +25,7 @@ from specsweep.lifecycle import kill_server, start_server  # noqa: E402
 from specsweep.llamacpp import baseline_profile, speculative_profile  # noqa: E402
 from specsweep.server_api import ServerAPI  # noqa: E402
 from specsweep.store import DEFAULT_ROOT, new_run_id  # noqa: E402
-from specsweep.sweep import BenchTarget, SweepJob, measure_level, plan, run_levels  # noqa: E402
+from specsweep.sweep import BenchTarget, SweepJob, measure_level, points, repeats, run_levels  # noqa: E402
 
 
 async def main() -> None:
@@ -48,7 +48,8 @@ async def main() -> None:
                            workload=WorkloadConfig(input_len=args.input_len, output_len=args.output_len),
                            sweep=SweepConfig(concurrency=[1, 8], num_requests=args.requests, warmup_requests=2,
                                              repeats=args.repeats))
-            rows = await run_levels(plan(job.sweep), functools.partial(measure_level, target, job))
+            rows = await run_levels(points(job.sweep), functools.partial(measure_level, target, job),
+                                    more=repeats(job.sweep.repeats))
         finally:
             kill_server(host, profile, handle)
         for r in rows:

@@ -15,24 +15,27 @@ from typing import Any
 from flows.pipeline import ComparisonResult, benchmark_flow, compare_configurations_on
 from flows.sglang_benchmarks import SGLANG_BENCHMARK
 from specsweep.bench.config import SweepConfig, WorkloadConfig
+from specsweep.decision import DecisionConfig
 from specsweep.hosts import HostConfig
 from specsweep.profiles import ProfileParams, ServerProfile
 from specsweep.settings import BenchmarkSettings, LlamaCppSettings, SGLangSettings
 
 #: The main job's defaults: tiny models on two CPU cores.
 LOCAL_BENCHMARK = BenchmarkSettings(
-    workload=WorkloadConfig(input_len=16, output_len=96),
-    sweep=SweepConfig(concurrency=[1, 2, 4, 8], num_requests=12, warmup_requests=2, repeats=2),
+    workload=WorkloadConfig(input_len=16, output_len=64),
+    sweep=SweepConfig(concurrency=[1, 2, 4, 8], num_requests=12, warmup_requests=2),
 )
+#: Both small servers fit side by side: blocks alternate between them without restarts.
+LOCAL_DECISION = DecisionConfig(design="alternate", alternate_by="side-by-side")
 
 
 @benchmark_flow("compare-speculation", servers=lambda p: [ServerProfile.model_validate(p[k])
                                                           for k in ("baseline", "speculative")])
 async def compare_speculation(baseline: ProfileParams, speculative: ProfileParams, host: HostConfig = HostConfig(),
                               benchmark: BenchmarkSettings = BenchmarkSettings(),
-                              allow_mismatch: bool = False) -> ComparisonResult:
-    """Measure both configurations one after the other and say where speculation stops paying."""
-    return await compare_configurations_on(baseline, speculative, host, benchmark, allow_mismatch)
+                              decision: DecisionConfig = DecisionConfig()) -> ComparisonResult:
+    """Measure both configurations, level by level until each is decided, and say where speculation stops paying."""
+    return await compare_configurations_on(baseline, speculative, host, benchmark, decision)
 
 
 def _sglang_servers(params: dict[str, Any]) -> list[ServerProfile]:
@@ -43,10 +46,10 @@ def _sglang_servers(params: dict[str, Any]) -> list[ServerProfile]:
 @benchmark_flow("compare-sglang-eagle3", servers=_sglang_servers)
 async def compare_sglang_eagle3(sglang: SGLangSettings = SGLangSettings(), host: HostConfig = HostConfig(),
                                 benchmark: BenchmarkSettings = SGLANG_BENCHMARK,
-                                allow_mismatch: bool = False) -> ComparisonResult:
+                                decision: DecisionConfig = DecisionConfig()) -> ComparisonResult:
     """SGLang baseline vs EAGLE-3 from a few fields (model paths, TP, port); simulate=true rehearses it."""
     return await compare_configurations_on(sglang.profile("baseline"), sglang.profile("eagle3"),
-                                           host, benchmark, allow_mismatch)
+                                           host, benchmark, decision)
 
 
 def _local_servers(params: dict[str, Any]) -> list[ServerProfile]:
@@ -56,7 +59,8 @@ def _local_servers(params: dict[str, Any]) -> list[ServerProfile]:
 
 @benchmark_flow("compare-local-llamacpp", servers=_local_servers)
 async def compare_local_llamacpp(llamacpp: LlamaCppSettings = LlamaCppSettings(),
-                                 benchmark: BenchmarkSettings = LOCAL_BENCHMARK) -> ComparisonResult:
+                                 benchmark: BenchmarkSettings = LOCAL_BENCHMARK,
+                                 decision: DecisionConfig = LOCAL_DECISION) -> ComparisonResult:
     """llama.cpp on this machine's CPU: baseline vs draft speculation, with tiny generated models."""
     return await compare_configurations_on(llamacpp.profile("baseline"), llamacpp.profile("speculative"), HostConfig(),
-                                           benchmark)
+                                           benchmark, decision)

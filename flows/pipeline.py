@@ -33,16 +33,29 @@ from specsweep import lifecycle
 from specsweep.bench.config import RequestOptions, RequestParams
 from specsweep.bench.workload import check_source
 from specsweep.compare import Comparison
+from specsweep.decision import DecisionConfig, baseline_needs_more, pair_needs_more, speculative_needs_more
 from specsweep.hosts import Host, HostConfig, open_host
 from specsweep.profiles import ProfileParams, ServerProfile
-from specsweep.records import LevelRow
+from specsweep.records import Level, LevelRow
 from specsweep.settings import BenchmarkSettings
 from specsweep.store import ResultsStore
-from specsweep.sweep import RunRecorder, SweepJob, finished_run, new_run_row, plan, run_levels
-from tasks.benchmark import run_concurrency_benchmark
+from specsweep.sweep import (
+    Measure,
+    More,
+    RunRecorder,
+    ServerCheck,
+    SweepJob,
+    finished_run,
+    new_run_row,
+    points,
+    repeats,
+    run_levels,
+    run_paired_levels,
+)
+from tasks.benchmark import run_concurrency_benchmark, warm_up
 from tasks.blocks import aresolve_host, aresolve_profile, aresolve_secret, resolve_host
 from tasks.results import artifact_key, compare_configurations, fingerprint_environment, publish_configuration
-from tasks.server import served
+from tasks.server import Served, served
 from tasks.storage import ResultsLocation, aresolve_results, result_storage
 
 
@@ -94,48 +107,123 @@ async def opened(config: HostConfig) -> AsyncIterator[Host]:
 
 async def measure_configurations(profiles: list[ProfileParams], host: HostConfig,
                                  benchmark: BenchmarkSettings) -> list[ConfigurationResult]:
-    """Each configuration in turn on one host, holding its lock from the first kill to the last."""
+    """Each configuration in turn on one host, holding its lock from the first kill to the last; each
+    level measured ``benchmark.sweep.repeats`` times."""
     prepared, servers = await prepare(benchmark, profiles)
     host_config = await aresolve_host(host)
+    fixed = repeats(benchmark.sweep.repeats)
     async with host_lock(host_config), opened(host_config) as connection:
-        return [await measure_configuration(profile, connection, host_config, prepared) for profile in servers]
+        return [await measure_configuration(profile, connection, host_config, prepared, fixed) for profile in servers]
 
 
-async def measure_configuration(profile: ServerProfile, host: Host, host_config: HostConfig,
-                                prepared: Prepared) -> ConfigurationResult:
-    """One configuration: kill leftovers → start → wait → every level → kill."""
+async def measure_configuration(profile: ServerProfile, host: Host, host_config: HostConfig, prepared: Prepared,
+                                more: More, *, decision: DecisionConfig | None = None,
+                                only: set[int] | None = None) -> ConfigurationResult:
+    """One configuration: kill leftovers → start → wait → warm up → every level, in blocks → kill."""
+    logger = get_run_logger()
+    sweep = prepared.settings.sweep
+    async with configuration(profile, host, host_config, prepared, decision=decision) as run:
+        if run.done is not None:
+            return run.done
+        levels = [p for p in points(sweep) if only is None or p.index in only]
+        rows = await run_levels(levels, run.measure, more=more, stop_at_saturation=sweep.stop_at_saturation,
+                                check_server=run.check, on_level=run.progress, on_saturation=run.saturated)
+    await publish_configuration(run.job, host.label, rows)
+    logger.info("%s: %d block(s) over %d level(s)", profile.name, len(rows), len({r.level_index for r in rows}))
+    return run.result(rows)
+
+
+@dataclass
+class Configuration:
+    """One configuration's run while it lasts: how to measure a block, check the server, show progress."""
+
+    profile: ServerProfile
+    job: SweepJob
+    measure: Measure
+    check: ServerCheck | None
+    progress: Callable[[LevelRow, int, int], Awaitable[None]]
+    ready_s: list[float]
+    done: ConfigurationResult | None = None
+
+    def result(self, rows: list[LevelRow]) -> ConfigurationResult:
+        return ConfigurationResult(config_name=self.profile.name, run_id=self.job.run_id, levels=rows,
+                                   time_to_ready_s=self.ready_s[0] if self.ready_s else None)
+
+    def saturated(self) -> None:
+        get_run_logger().info("%s: throughput stopped rising for two levels while latency grew: stopping the sweep",
+                              self.profile.name)
+
+
+@asynccontextmanager
+async def configuration(profile: ServerProfile, host: Host, host_config: HostConfig, prepared: Prepared, *,
+                        decision: DecisionConfig | None = None, restart_per_block: bool = False,
+                        ) -> AsyncIterator[Configuration]:
+    """A configuration's run, its row recorded however it ends: its server served (kill leftovers →
+    start → wait → warm up; the kill at the end) for the whole block, or, with ``restart_per_block``
+    (the alternate design on a host where only one server fits), for each block it measures."""
     logger = get_run_logger()
     settings, store = prepared.settings, prepared.store
     job = SweepJob(run_id=run_id_for(profile), config_name=profile.name, results=prepared.results.url,
                    storage=prepared.results.storage_options(), workload=settings.workload, sweep=settings.sweep)
-    if (done := finished_run(store, job.run_id)) is not None:
-        # A retry of this flow run: this configuration finished in an earlier try. Its
-        # results are kept, and its server is not started again for nothing.
-        logger.info("%s finished in an earlier try of this flow run (run id %s): keeping its %d level(s)",
-                    profile.name, job.run_id, len(done))
-        return ConfigurationResult(config_name=profile.name, run_id=job.run_id, levels=done,
-                                   time_to_ready_s=store.run(job.run_id).time_to_ready_s)
-    levels = plan(settings.sweep)
-    logger.info("%s: %d level(s) on %s; run id %s", profile.name, len(levels), host.label, job.run_id)
     request = prepared.request if prepared.request.api_key or not profile.api_key else \
         prepared.request.model_copy(update={"api_key": profile.api_key})
     base_url = host_config.http_url(profile.port)
+    bench = run_concurrency_benchmark.with_options(**settings.stages.benchmark.task_options(),
+                                                   result_storage=await result_storage(prepared.results))
+    progress = await progress_bar(profile.name)
+    ready_s: list[float] = []
+    if (done := finished_run(store, job.run_id)) is not None:
+        # A retry of this flow run: this configuration finished in an earlier try. Its
+        # results are kept, and its server is not started again for nothing.
+        logger.info("%s finished in an earlier try of this flow run (run id %s): keeping its %d block(s)",
+                    profile.name, job.run_id, len(done))
+        config = Configuration(profile, job, bench_only(bench, None, job), None, progress, ready_s)
+        config.done = ConfigurationResult(config_name=profile.name, run_id=job.run_id, levels=done,
+                                          time_to_ready_s=store.run(job.run_id).time_to_ready_s)
+        yield config
+        return
+    design = None if decision is None else (decision.design if decision.design == "sequential"
+                                            else f"alternate-{decision.alternate_by}")
+    logger.info("%s on %s: run id %s%s", profile.name, host.label, job.run_id, f" ({design} design)" if design else "")
     row = new_run_row(config_name=profile.name, engine=profile.engine, job=job, host=host.label, base_url=base_url,
-                      command=profile.masked_command(), flow_run_id=str(_flow_run().id))
+                      command=profile.masked_command(), flow_run_id=str(_flow_run().id), design=design,
+                      decision=decision)
     with RunRecorder(store, job.run_id, row) as record:
-        async with served(host, profile, settings.stages, request, base_url) as server:
-            record.record_fingerprint(await fingerprint_environment(host, server.target))
-            record.update(time_to_ready_s=server.ready.time_to_ready_s)
-            bench = run_concurrency_benchmark.with_options(**settings.stages.benchmark.task_options(),
-                                                           result_storage=await result_storage(prepared.results))
-            rows = await run_levels(
-                levels, lambda level: bench(server.target, job, level), stop_at_saturation=settings.sweep.stop_at_saturation,
-                check_server=server.check, on_level=await progress_bar(profile.name),
-                on_saturation=lambda: logger.info("%s: throughput stopped rising for two levels while latency grew: "
-                                                  "stopping the sweep", profile.name))
-    await publish_configuration(job, host.label, rows)
-    return ConfigurationResult(config_name=profile.name, run_id=job.run_id, levels=rows,
-                               time_to_ready_s=server.ready.time_to_ready_s)
+
+        @asynccontextmanager
+        async def ready() -> AsyncIterator[Served]:
+            async with served(host, profile, settings.stages, request, base_url) as server:
+                if not ready_s:
+                    record.record_fingerprint(await fingerprint_environment(host, server.target))
+                    record.update(time_to_ready_s=server.ready.time_to_ready_s)
+                ready_s.append(server.ready.time_to_ready_s)
+                await warm_up(server.target, job)
+                yield server
+
+        if restart_per_block:
+
+            async def measure_restarted(level: Level) -> LevelRow:
+                async with ready() as server:
+                    row = await bench(server.target, job, level)
+                    if row.failed:
+                        await server.check(f"during level {level.label}")
+                    return row
+
+            yield Configuration(profile, job, measure_restarted, None, progress, ready_s)
+        else:
+            async with ready() as server:
+                yield Configuration(profile, job, bench_only(bench, server, job), server.check, progress, ready_s)
+
+
+def bench_only(bench: Any, server: Served | None, job: SweepJob) -> Measure:
+    """The level task bound to the server and run: what the sweep engine calls for each block."""
+
+    async def measure(level: Level) -> LevelRow:
+        assert server is not None, "a finished configuration measures nothing"
+        row: LevelRow = await bench(server.target, job, level)
+        return row
+
+    return measure
 
 
 async def progress_bar(name: str) -> Callable[[LevelRow, int, int], Awaitable[None]]:
@@ -164,15 +252,61 @@ def run_id_for(profile: ServerProfile) -> str:
 
 
 async def compare_configurations_on(baseline: ProfileParams, speculative: ProfileParams, host: HostConfig,
-                                    benchmark: BenchmarkSettings, allow_mismatch: bool = False) -> ComparisonResult:
-    """Baseline, then speculative, back to back on one host; then the comparison of the two."""
-    get_run_logger().info("comparing %s (baseline) with %s (speculative) on %s", baseline.name, speculative.name,
-                          host.label)
-    base, spec = await measure_configurations([baseline, speculative], host, benchmark)
-    results = await aresolve_results(benchmark.results, benchmark.results_block)
-    store = ResultsStore(results.url, results.storage_options())
-    comp = await compare_configurations(base.run_id, spec.run_id, store, allow_mismatch)
-    return ComparisonResult(baseline=base, speculative=spec, comparison=comp, results=str(store))
+                                    benchmark: BenchmarkSettings, decision: DecisionConfig) -> ComparisonResult:
+    """Baseline and speculative on one host, level by level in blocks until each level's verdict is
+    decided (or its budget spent), then the comparison of the two."""
+    logger = get_run_logger()
+    logger.info("comparing %s (baseline) with %s (speculative) on %s; %s design, margin ±%.0f %%", baseline.name,
+                speculative.name, host.label, decision.design if decision.design == "sequential"
+                else f"alternate ({decision.alternate_by})", decision.margin * 100)
+    if benchmark.sweep.repeats != 1:
+        logger.warning("benchmark.sweep.repeats is not used by comparisons: each level gets blocks until it is "
+                       "decided (decision.min_blocks, decision.max_requests_per_level, decision.max_seconds_per_level)")
+    prepared, (base, spec) = await prepare(benchmark, [baseline, speculative])
+    host_config = await aresolve_host(host)
+    n = benchmark.sweep.num_requests
+    async with host_lock(host_config), opened(host_config) as connection:
+        if decision.design == "sequential":
+            base_result = await measure_configuration(base, connection, host_config, prepared,
+                                                      lambda p, rows: baseline_needs_more(decision, n)(rows),
+                                                      decision=decision)
+            by_level: dict[int, list[LevelRow]] = {}
+            for r in base_result.levels:
+                by_level.setdefault(r.level_index, []).append(r)
+            spec_result = await measure_configuration(
+                spec, connection, host_config, prepared,
+                lambda p, rows: speculative_needs_more(decision, n, by_level.get(p.index, []))(rows), decision=decision,
+                only=set(by_level))  # the levels the baseline reached (it may have stopped at saturation)
+        else:
+            base_result, spec_result = await alternate(base, spec, connection, host_config, prepared, decision)
+    comp = await compare_configurations(base_result.run_id, spec_result.run_id, prepared.store, decision)
+    return ComparisonResult(baseline=base_result, speculative=spec_result, comparison=comp, results=str(prepared.store))
+
+
+async def alternate(base: ServerProfile, spec: ServerProfile, host: Host, host_config: HostConfig, prepared: Prepared,
+                    decision: DecisionConfig) -> tuple[ConfigurationResult, ConfigurationResult]:
+    """The alternate design: baseline and speculative blocks in turn at each level, both servers up
+    side by side (the speculative one on the next port when they share one), or one at a time,
+    restarted for each block."""
+    restart = decision.alternate_by == "restart"
+    if not restart and spec.port == base.port:
+        spec = spec.model_copy(update={"port": base.port + 1})
+    sweep = prepared.settings.sweep
+    async with configuration(base, host, host_config, prepared, decision=decision, restart_per_block=restart) as b, \
+            configuration(spec, host, host_config, prepared, decision=decision, restart_per_block=restart) as s:
+        if b.done is not None and s.done is not None:
+            return b.done, s.done
+
+        async def progress(row: LevelRow, done: int, total: int) -> None:
+            await (b if row.config_name == base.name else s).progress(row, done, total)
+
+        base_rows, spec_rows = await run_paired_levels(
+            points(sweep), b.measure, s.measure, more=lambda bs, ss: pair_needs_more(decision, sweep.num_requests)(bs, ss),
+            stop_at_saturation=sweep.stop_at_saturation, check_base=b.check, check_spec=s.check, on_block=progress,
+            on_saturation=b.saturated)
+    await publish_configuration(b.job, host.label, base_rows)
+    await publish_configuration(s.job, host.label, spec_rows)
+    return b.result(base_rows), s.result(spec_rows)
 
 
 class ComparisonResult(BaseModel):

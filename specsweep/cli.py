@@ -264,7 +264,8 @@ def bench(
     from specsweep.records import LevelRow
     from specsweep.report import summary_table
     from specsweep.store import ResultsStore, new_run_id
-    from specsweep.sweep import BenchTarget, RunRecorder, SweepJob, measure_level, new_run_row, plan, run_levels
+    from specsweep.sweep import BenchTarget, RunRecorder, SweepJob, measure_level, new_run_row, points, run_levels
+    from specsweep.sweep import repeats as fixed_repeats
 
     _setup_logging(verbose=False)
     console = Console(stderr=True)
@@ -285,7 +286,7 @@ def bench(
         except ValidationError as exc:
             raise ConfigError(describe_validation_error(exc, "benchmark options")) from None
         store.check_writable()
-        levels = plan(sweep)
+        levels = points(sweep)
         with RunRecorder(store, job.run_id, new_run_row(config_name=name, engine=engine, job=job, host="unknown",
                                                         base_url=url)) as record, \
                 Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -294,7 +295,7 @@ def bench(
             async def sweep_all() -> list[LevelRow]:
                 async with target.api() as api:
                     record.record_fingerprint(await server_fingerprint(api))
-                bar = progress.add_task("requests", total=len(levels) * num_prompts)
+                bar = progress.add_task("requests", total=len(levels) * repeats * num_prompts)
 
                 async def level_done(row: LevelRow, done: int, total: int) -> None:
                     progress.console.print(
@@ -304,7 +305,7 @@ def bench(
 
                 return await run_levels(
                     levels, lambda lv: measure_level(target, job, lv, on_request=lambda _r: progress.advance(bar)),
-                    stop_at_saturation=stop_at_saturation, on_level=level_done)
+                    more=fixed_repeats(repeats), stop_at_saturation=stop_at_saturation, on_level=level_done)
 
             rows = asyncio.run(sweep_all())
     except (SpecsweepError, RuntimeError) as exc:
@@ -376,16 +377,23 @@ def report_cmd(
             run = store.run(rid)
             _console().print(summary_table(store.level_rows(rid), title=f"{run.config_name} — {rid} ({run.status})"))
         if len(run_ids) == 2:
-            _compare(store, run_ids[0], run_ids[1], allow_mismatch=False)
+            _compare(store, run_ids[0], run_ids[1], allow_mismatch=False, margin=None)
     except SpecsweepError as exc:
         _fail(exc)
 
 
-def _compare(store: ResultsStore, a: str, b: str, *, allow_mismatch: bool) -> None:
+def _compare(store: ResultsStore, a: str, b: str, *, allow_mismatch: bool, margin: float | None) -> None:
     from specsweep.compare import compare_runs, write_report
+    from specsweep.decision import DecisionConfig
     from specsweep.report import print_comparison
 
-    comp = compare_runs(store, a, b, allow_mismatch=allow_mismatch)
+    spec_run = store.run(b)
+    decision = (DecisionConfig.model_validate_json(spec_run.decision_json) if spec_run.decision_json
+                else DecisionConfig())
+    update: dict[str, Any] = {"allow_mismatch": allow_mismatch or decision.allow_mismatch}
+    if margin is not None:
+        update["margin"] = margin
+    comp = compare_runs(store, a, b, decision=decision.model_copy(update=update))
     print_comparison(comp, _console())
     urls = write_report(comp, store)
     typer.echo("report: " + ", ".join(urls.values()))
@@ -396,13 +404,14 @@ def compare_cmd(
     baseline_run: Annotated[str, typer.Argument(help="Run id of the baseline.")],
     speculative_run: Annotated[str, typer.Argument(help="Run id of the speculative configuration.")],
     allow_mismatch: Annotated[bool, typer.Option(help="Compare even if GPU, driver, engine or model differ.")] = False,
+    margin: Annotated[Optional[float], typer.Option(help="Equivalence margin (0.03: ±3 %); default the run's own.")] = None,
     results: ResultsOpt = "data/results",
 ) -> None:
-    """Compare two stored runs (made at different times): per-level ratio, crossover, recommendation, plots."""
+    """Compare two stored runs: per-level verdicts, the answer, engine settings, the report folder."""
     from specsweep.store import ResultsStore
 
     try:
-        _compare(ResultsStore(results), baseline_run, speculative_run, allow_mismatch=allow_mismatch)
+        _compare(ResultsStore(results), baseline_run, speculative_run, allow_mismatch=allow_mismatch, margin=margin)
     except SpecsweepError as exc:
         _fail(exc)
 

@@ -43,14 +43,27 @@ def tpot_s(r: RequestRecord) -> float | None:
     return (e2e - ttft) / (n - 1)
 
 
+#: Chunks that follow each other closer than this share of the request's time per token belong to
+#: one burst: the tokens one verify step accepted, sent as separate events a few µs apart.
+BURST_FRACTION = 0.25
+
+
 def arrivals(r: RequestRecord) -> list[tuple[float, int]]:
-    """(time, tokens) per arrival: chunks read at the same instant arrived together and count as one."""
+    """(time, tokens) per arrival. Chunks read at the same instant, or in one burst (closer together
+    than BURST_FRACTION of the request's mean time per token), arrived together and count as one:
+    llama.cpp sends each accepted token as its own event, so a verify step that accepts four
+    tokens shows as four events microseconds apart, not as four inter-token gaps."""
+    times, tokens = r.chunk_times_s, r.chunk_tokens
+    after_first = sum(tokens[1:])
+    window = BURST_FRACTION * (times[-1] - times[0]) / after_first if len(times) > 1 and after_first else 0.0
     out: list[tuple[float, int]] = []
-    for t, k in zip(r.chunk_times_s, r.chunk_tokens, strict=True):
-        if out and t == out[-1][0]:
-            out[-1] = (t, out[-1][1] + k)
+    last = float("-inf")
+    for t, k in zip(times, tokens, strict=True):
+        if out and (t == last or t - last < window):
+            out[-1] = (out[-1][0], out[-1][1] + k)
         else:
             out.append((t, k))
+        last = t
     return out
 
 

@@ -1,19 +1,32 @@
-"""Plots of a comparison (PNG, matplotlib): throughput, latency and speedup against concurrency."""
+"""Plots of a comparison (PNG, matplotlib), small enough to embed in a Prefect artifact.
+
+    throughput.png  output tok/s of both configurations against concurrency, with intervals
+    speedup.png     speculative / baseline with its interval, the ±margin band, the verdicts, the threshold
+    latency.png     TTFT and TPOT, p50 and p99, of both
+    pareto.png      tok/s per user (1000 / TPOT p50) against total output tok/s, one point per level
+
+Concurrency is on a log-2 axis labelled at the measured levels.
+"""
 
 from __future__ import annotations
 
 import base64
 import io
+from collections.abc import Sequence
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import NullFormatter, NullLocator  # noqa: E402
 
 from specsweep.compare import Comparison  # noqa: E402
 
 DPI = 90
+BASE, SPEC = "tab:blue", "tab:orange"
+VERDICT_COLOURS = {"faster": "tab:green", "slower": "tab:red", "equivalent": "tab:gray", "undetermined": "gold"}
 
 
 def _png(fig: Figure) -> bytes:
@@ -23,46 +36,94 @@ def _png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
+def _concurrency_axis(ax: Axes, levels: Sequence[int]) -> None:
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xticks(list(levels), [str(c) for c in levels])
+    ax.set_xlabel("concurrency (requests in flight)")
+    ax.grid(alpha=0.3)
+
+
+def _error(values: Sequence[float], intervals: Sequence[tuple[float, float] | None]) -> list[list[float]]:
+    lows = [v - i[0] if i else 0.0 for v, i in zip(values, intervals, strict=True)]
+    highs = [i[1] - v if i else 0.0 for v, i in zip(values, intervals, strict=True)]
+    return [lows, highs]
+
+
 def comparison_plots(comp: Comparison) -> dict[str, bytes]:
     """The plots as PNG bytes, by name."""
-    c = [r.concurrency for r in comp.levels]
-    paths: dict[str, bytes] = {}
+    lv = comp.levels
+    c = [r.concurrency for r in lv]
+    threshold = comp.recommendation.speculation_off_from
+    out: dict[str, bytes] = {}
 
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    ax.plot(c, [r.baseline_tokens_per_s for r in comp.levels], "o-", label="baseline")
-    ax.plot(c, [r.speculative_tokens_per_s for r in comp.levels], "s-", label="speculative")
-    ax.set(xscale="log", xlabel="concurrency", ylabel="output tokens/s", title="Output throughput")
-    ax.set_xticks(c, [str(x) for x in c])
-    ax.grid(alpha=0.3)
+    base = [r.baseline_tokens_per_s for r in lv]
+    spec = [r.speculative_tokens_per_s for r in lv]
+    ax.errorbar(c, base, yerr=_error(base, [r.baseline_interval for r in lv]), fmt="o-", color=BASE, capsize=3,
+                label=comp.baseline)
+    ax.errorbar(c, spec, yerr=_error(spec, [r.speculative_interval for r in lv]), fmt="s-", color=SPEC, capsize=3,
+                label=comp.speculative)
+    _concurrency_axis(ax, c)
+    ax.set(ylabel="output tokens/s", title="Output throughput (95% interval of each mean)")
     ax.legend()
-    paths["throughput"] = _png(fig)
-
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9.6, 3.6))
-    for ax, key, title in ((a1, "ttft_ms", "TTFT median (ms)"), (a2, "itl_ms", "ITL median (ms)")):
-        ax.plot(c, [getattr(r, f"baseline_{key}") for r in comp.levels], "o-", label="baseline")
-        ax.plot(c, [getattr(r, f"speculative_{key}") for r in comp.levels], "s-", label="speculative")
-        ax.set(xscale="log", xlabel="concurrency", title=title)
-        ax.set_xticks(c, [str(x) for x in c])
-        ax.grid(alpha=0.3)
-        ax.legend()
-    paths["latency"] = _png(fig)
+    out["throughput"] = _png(fig)
 
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    ratios = [r.ratio for r in comp.levels]
-    ax.plot(c, ratios, "o-", color="tab:purple", label="speculative / baseline")
-    lows = [r.ratio_low for r in comp.levels if r.ratio_low is not None]
-    highs = [r.ratio_high for r in comp.levels if r.ratio_high is not None]
-    if len(lows) == len(highs) == len(c):
-        ax.fill_between(c, lows, highs, color="tab:purple", alpha=0.15, label="95% interval")
+    ratios = [r.ratio for r in lv]
+    lows = [r.ratio_low if r.ratio_low is not None else r.ratio for r in lv]
+    highs = [r.ratio_high if r.ratio_high is not None else r.ratio for r in lv]
+    ax.axhspan(1 - comp.margin, 1 + comp.margin, color="grey", alpha=0.15, label=f"±{comp.margin:.0%}: equivalent")
     ax.axhline(1.0, color="grey", lw=1)
-    if comp.crossover is not None:
-        ax.axvline(comp.crossover, color="tab:red", ls="--", label=f"crossover: {comp.crossover}")
-    ax.set(xscale="log", xlabel="concurrency", ylabel="speedup", title="Speedup from speculation")
-    ax.set_xticks(c, [str(x) for x in c])
+    ax.errorbar(c, ratios, yerr=[[r - lo for r, lo in zip(ratios, lows, strict=True)],
+                                 [hi - r for r, hi in zip(ratios, highs, strict=True)]],
+                fmt="-", color="tab:purple", capsize=3, zorder=2)
+    for r in lv:
+        ax.scatter([r.concurrency], [r.ratio], color=VERDICT_COLOURS[r.verdict], s=50, zorder=3, edgecolors="black",
+                   linewidths=0.5)
+    for verdict, colour in VERDICT_COLOURS.items():
+        if any(r.verdict == verdict for r in lv):
+            ax.scatter([], [], color=colour, edgecolors="black", linewidths=0.5, label=verdict)
+    if threshold is not None:
+        ax.axvline(threshold, color="tab:red", ls="--", label=f"off from {threshold}")
+    _concurrency_axis(ax, c)
+    ax.set(ylabel="speculative / baseline", title="Speedup from speculation (with its interval)")
+    ax.legend(fontsize=8)
+    out["speedup"] = _png(fig)
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10.4, 3.8))
+    for ax, key, title in ((a1, "ttft", "Time to first token (ms)"), (a2, "tpot", "Time per output token (ms)")):
+        positive = False
+        for who, colour, marker in (("baseline", BASE, "o"), ("speculative", SPEC, "s")):
+            p50 = [getattr(r, f"{who}_{key}_ms") for r in lv]
+            p99 = [getattr(r, f"{who}_{key}_p99_ms") for r in lv]
+            name = comp.baseline if who == "baseline" else comp.speculative
+            positive = positive or any(x for x in (*p50, *p99))
+            ax.plot(c, [float("nan") if x is None else x for x in p50], f"{marker}-", color=colour, label=f"{name} p50")
+            ax.plot(c, [float("nan") if x is None else x for x in p99], f"{marker}--", color=colour, alpha=0.6,
+                    label=f"{name} p99")
+        _concurrency_axis(ax, c)
+        if positive:  # latencies span orders of magnitude from one stream to saturation
+            ax.set_yscale("log")
+        ax.set(title=title)
+        ax.legend(fontsize=7)
+    out["latency"] = _png(fig)
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for who, colour, marker, name in (("baseline", BASE, "o", comp.baseline),
+                                      ("speculative", SPEC, "s", comp.speculative)):
+        xs = [getattr(r, f"{who}_tokens_per_s") for r in lv]
+        ys = [1000.0 / t if (t := getattr(r, f"{who}_tpot_ms")) else float("nan") for r in lv]
+        ax.plot(xs, ys, f"{marker}-", color=colour, label=name)
+        for x, y, conc in zip(xs, ys, c, strict=True):
+            ax.annotate(f"C={conc}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=colour)
+    ax.set(xlabel="total output tokens/s", ylabel="tokens/s per user (1000 / TPOT p50)",
+           title="Per-user speed against total throughput")
     ax.grid(alpha=0.3)
     ax.legend()
-    paths["speedup"] = _png(fig)
-    return paths
+    out["pareto"] = _png(fig)
+    return out
 
 
 def data_uri(png: bytes) -> str:

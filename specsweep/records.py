@@ -251,6 +251,9 @@ class RunRow(Row):
     fingerprint_json: str = "{}"
     workload_json: str = "{}"
     sweep_json: str = "{}"
+    design: str | None = Field(None, description="How a comparison took its blocks: sequential, alternate-restart or "
+                               "alternate-side-by-side; None outside comparisons.")
+    decision_json: str | None = Field(None, description="The comparison's decision settings (margin, budget).")
     started_at: str | None = None
     ended_at: str | None = None
     time_to_ready_s: float | None = None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -87,32 +86,35 @@ def _console() -> Console:
 
 
 def print_comparison(comp: Comparison, console: Console | None = None) -> None:
-    """The comparison on a terminal: the per-level table, the recommendation, what to configure."""
+    """The comparison on a terminal: the per-level table, the answer, what to configure."""
     from rich.table import Table
 
+    from specsweep.compare import configure_lines
+
     table = Table(title=f"speculation: {comp.speculative} vs {comp.baseline}")
-    for col in ("concurrency", "baseline tok/s", "speculative tok/s", "ratio", "verdict", "TTFT p50 ms (base/spec)",
-                "ITL p50 ms (base/spec)", "accept"):
+    for col in ("concurrency", "baseline tok/s", "speculative tok/s", "ratio [interval]", "verdict", "blocks",
+                "TTFT p50 ms (base/spec)", "TPOT p50 ms (base/spec)", "accept"):
         table.add_column(col, justify="left" if col == "verdict" else "right")
     for r in comp.levels:
-        ci = f" [{r.ratio_low:.2f}-{r.ratio_high:.2f}]" if r.ratio_low is not None else ""
+        ci = f" [{r.ratio_low:.2f}-{r.ratio_high:.2f}]" if r.ratio_low is not None and r.ratio_high is not None else ""
         acc = (f"{r.speculative_accept_length:.2f}" if r.speculative_accept_length else
                f"{r.speculative_acceptance_rate:.0%}" if r.speculative_acceptance_rate else "-")
         table.add_row(str(r.concurrency), f"{r.baseline_tokens_per_s:,.1f}", f"{r.speculative_tokens_per_s:,.1f}",
-                      f"{r.ratio:.2f}{ci}", r.verdict,
+                      f"{r.ratio:.2f}{ci}", r.verdict, f"{r.blocks[0]}/{r.blocks[1]}",
                       f"{r.baseline_ttft_ms or 0:,.1f} / {r.speculative_ttft_ms or 0:,.1f}",
-                      f"{r.baseline_itl_ms or 0:.2f} / {r.speculative_itl_ms or 0:.2f}", acc)
+                      f"{r.baseline_tpot_ms or 0:.2f} / {r.speculative_tpot_ms or 0:.2f}", acc)
     console = console or _console()
     console.print(table)
-    console.print(f"[bold]{comp.recommendation}[/bold]")
-    console.print(f"crossover: {comp.crossover if comp.crossover is not None else 'none within the measured levels'}")
-    console.print(f"vLLM V1 speculative-config: num_speculative_tokens_per_batch_size = "
-                  f"{json.dumps(comp.vllm_num_speculative_tokens_per_batch_size)}")
-    console.print(f"SGLang router: {json.dumps(comp.router)}")
-    pol = comp.policy_mean_tokens_per_s
-    console.print(f"mean output tok/s over the levels: always off {pol['always_off']:,.1f}, always on "
-                  f"{pol['always_on']:,.1f}, as recommended (on only where it clearly pays) {pol['switch_per_level']:,.1f}")
+    rec = comp.recommendation
+    console.print(f"[bold]{'Decided' if rec.status == 'decided' else 'Undetermined'}: {rec.reason}[/bold]")
+    off = rec.speculation_off_from
+    console.print(f"speculation off from: {off if off is not None else '-'}"
+                  + (f"; measure next: {', '.join(map(str, rec.measure_next))}" if rec.measure_next else ""))
+    for line in configure_lines(comp):
+        console.print(line.replace("```\n", "").replace("\n```", "").replace(":\n\n", ":\n  "), markup=False)
+    pol = rec.projected_tokens_per_s
+    console.print(f"mean output tok/s over the levels: always off {pol.get('always_off', 0):,.1f}, always on "
+                  f"{pol.get('always_on', 0):,.1f}"
+                  + (f", as recommended {pol['as_recommended']:,.1f}" if "as_recommended" in pol else ""))
     for note in comp.notes:
         console.print(f"note: {note}")
-
-

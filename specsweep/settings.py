@@ -62,6 +62,8 @@ class LlamaCppSettings(BaseModel):
     ctx: int = Field(8192, ge=256, description="Total context (-c), shared by the slots.")
     threads: int = Field(2, ge=1, le=256, description="CPU threads (-t).")
     draft_max: int = Field(4, ge=1, le=64, description="Most tokens drafted per step (--spec-draft-n-max).")
+    layers: int = Field(12, ge=2, le=64, description="Blocks of the generated target model (its draft is the first "
+                        "one): the deeper, the cheaper the draft is next to it, the more speculation pays.")
     port: int = Field(8081, ge=1, le=65535, description="Server port.")
 
     def profile(self, kind: Literal["baseline", "speculative"]) -> ServerProfile:
@@ -69,10 +71,10 @@ class LlamaCppSettings(BaseModel):
 
         if kind == "baseline":
             return baseline_profile(model_path=self.model_path, parallel=self.parallel, ctx=self.ctx,
-                                    threads=self.threads, port=self.port)
+                                    threads=self.threads, port=self.port, layers=self.layers)
         return speculative_profile(model_path=self.model_path, draft_model_path=self.draft_model_path,
                                    parallel=self.parallel, ctx=self.ctx, threads=self.threads, draft_max=self.draft_max,
-                                   port=self.port)
+                                   port=self.port, layers=self.layers)
 
 
 class BenchmarkSettings(BaseModel):

@@ -1,8 +1,10 @@
 """The sweep engine: the one place that runs levels, keeps them, and records the run.
 
-    plan(sweep)                       → the levels, in order (index, mode, value, repeat)
-    run_levels(levels, measure, ...)  → each level measured by ``measure``, the server
-                                        checked after failures, the sweep stopped at saturation
+    points(sweep)                     → the levels, in order (index, mode, value)
+    run_levels(points, measure, more) → each level measured in blocks by ``measure`` until
+                                        ``more`` says enough; the server checked after
+                                        failures; the sweep stopped at saturation
+    run_paired_levels(...)            → the same for two configurations, blocks in turn
     measure_level(target, job, level) → one level: prompts → load → records → figures → store
     RunRecorder                       → the run's row: running, then completed/failed/cancelled
 
@@ -14,7 +16,9 @@ from __future__ import annotations
 
 import json
 import statistics
+import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -24,7 +28,7 @@ from specsweep import metrics
 from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
 from specsweep.bench.runner import Load, run_level
 from specsweep.bench.workload import Prompt, build_prompts, server_tokenizer
-from specsweep.records import Level, LevelRow, RequestRecord, RunRow, RunStatus
+from specsweep.records import Level, LevelRow, Mode, RequestRecord, RunRow, RunStatus
 from specsweep.server_api import ServerAPI
 from specsweep.storage import StorageOptions
 from specsweep.store import ResultsStore, now_iso
@@ -63,10 +67,25 @@ class SweepJob(BaseModel):
         return ResultsStore(self.results, self.storage)
 
 
-def plan(sweep: SweepConfig) -> list[Level]:
-    """Every level of a sweep in the order it is measured: each level's repeats back to back."""
-    return [Level(index=i, mode=mode, value=value, repeat=r)
-            for i, (mode, value) in enumerate(sweep.levels()) for r in range(sweep.repeats)]
+@dataclass(frozen=True)
+class Point:
+    """A level of the sweep before its blocks: where it stands, closed or open loop, how much load."""
+
+    index: int
+    mode: Mode
+    value: float
+
+    def block(self, repeat: int) -> Level:
+        return Level(index=self.index, mode=self.mode, value=self.value, repeat=repeat)
+
+    @property
+    def label(self) -> str:
+        return self.block(0).label
+
+
+def points(sweep: SweepConfig) -> list[Point]:
+    """The sweep's levels in the order they are measured."""
+    return [Point(i, mode, value) for i, (mode, value) in enumerate(sweep.levels())]  # type: ignore[arg-type]
 
 
 # -- one level ---------------------------------------------------------------------------------
@@ -104,6 +123,46 @@ async def measure_level(
     return row
 
 
+class WarmUp(BaseModel):
+    """How a freshly started server was warmed up: one request at a time until its TTFT settled."""
+
+    requests: int
+    ttft_ms: list[float]
+    settled: bool
+    seconds: float
+
+
+async def settle(target: BenchTarget, job: SweepJob, *, max_requests: int = 24, max_seconds: float = 60.0,
+                 window: int = 4, tolerance: float = 0.15) -> WarmUp:
+    """Warm a server up after its start until its time to first token settles: single requests (of the
+    run's workload, from prompts no level sends) until the last ``window`` TTFTs all lie within
+    ±``tolerance`` of their median, or the cap. The first requests after a start pay for compiled
+    kernels, cold caches and lazy allocations; measured levels should not."""
+    t0 = time.perf_counter()
+    workload = job.workload.model_copy(update={"seed": job.workload.seed + 7_000_003})
+    one = job.sweep.model_copy(update={"num_requests": 1, "warmup_requests": 0, "duration_s": None, "workers": 1})
+    ttfts: list[float] = []
+    settled = False
+    async with target.api() as api:
+        model = target.request.model or await api.first_model()
+        prompts = await _prompts(api, model, workload, max_requests)
+        for i in range(max_requests):
+            load = Load(base_url=target.base_url, request=target.request, prompts=(prompts[i],),
+                        output_len=workload.output_len, sweep=one, model=model, engine=target.engine)
+            run = await run_level(load, Level(index=0, mode="concurrency", value=1))
+            ttft = metrics.ttft_s(run.records[0])
+            if ttft is not None:
+                ttfts.append(ttft * 1000)
+            recent = ttfts[-window:]
+            if len(recent) == window:
+                mid = statistics.median(recent)
+                settled = all(abs(x - mid) <= tolerance * mid for x in recent)
+            if settled or time.perf_counter() - t0 > max_seconds:
+                break
+    return WarmUp(requests=len(ttfts), ttft_ms=[round(x, 2) for x in ttfts], settled=settled,
+                  seconds=time.perf_counter() - t0)
+
+
 # -- the sweep ---------------------------------------------------------------------------------
 
 
@@ -133,44 +192,111 @@ def merge_repeats(rows: list[LevelRow]) -> LevelRow:
     return LevelRow.model_validate(merged)
 
 
-async def run_levels(
-    levels: list[Level],
-    measure: Measure,
-    *,
-    stop_at_saturation: bool = False,
-    check_server: ServerCheck | None = None,
-    on_level: OnLevel | None = None,
-    on_saturation: Callable[[], None] | None = None,
-) -> list[LevelRow]:
-    """Measure the levels in order and return their rows.
+More = Callable[[Point, list[LevelRow]], bool]
 
-    ``check_server(when)`` runs after a level with failed requests and when ``measure`` raises:
-    it raises if the server is gone (the sweep stops there, with the levels before it kept).
-    """
-    rows: list[LevelRow] = []
-    merged: list[LevelRow] = []
-    by_index: dict[int, list[LevelRow]] = {}
-    for n, level in enumerate(levels, 1):
+
+def repeats(n: int) -> More:
+    """A fixed number of blocks per level."""
+    return lambda point, rows: len(rows) < n
+
+
+class _Sweep:
+    """What both sweeps share: measuring a block with the crash check around it, and the stop at saturation."""
+
+    def __init__(self, stop_at_saturation: bool, on_saturation: Callable[[], None] | None) -> None:
+        self.stop_at_saturation, self.on_saturation = stop_at_saturation, on_saturation
+        self.merged: list[LevelRow] = []
+
+    @staticmethod
+    async def block(measure: Measure, level: Level, check_server: ServerCheck | None) -> LevelRow:
         try:
             row = await measure(level)
         except Exception:
             if check_server is not None:
                 await check_server(f"while level {level.label} was measured")
             raise
-        rows.append(row)
-        by_index.setdefault(level.index, []).append(row)
         if row.failed and check_server is not None:
             await check_server(f"during level {level.label}")
-        if on_level is not None:
-            await on_level(row, n, len(levels))
-        last_of_level = n == len(levels) or levels[n].index != level.index
-        if last_of_level:
-            merged.append(merge_repeats(by_index[level.index]))
-            if stop_at_saturation and saturated(merged):
-                if on_saturation is not None:
-                    on_saturation()
+        return row
+
+    def saturated_after(self, rows: list[LevelRow]) -> bool:
+        self.merged.append(merge_repeats(rows))
+        if self.stop_at_saturation and saturated(self.merged):
+            if self.on_saturation is not None:
+                self.on_saturation()
+            return True
+        return False
+
+
+async def run_levels(
+    sweep: list[Point],
+    measure: Measure,
+    *,
+    more: More,
+    stop_at_saturation: bool = False,
+    check_server: ServerCheck | None = None,
+    on_level: OnLevel | None = None,
+    on_saturation: Callable[[], None] | None = None,
+) -> list[LevelRow]:
+    """Measure each level in blocks, in order, and return every block's row.
+
+    ``more(point, rows)`` says whether a level needs another block (``repeats(n)`` for a fixed
+    number). ``check_server(when)``
+    runs after a block with failed requests and when ``measure`` raises: it raises if the server
+    is gone (the sweep stops there, with the blocks before it kept).
+    """
+    state = _Sweep(stop_at_saturation, on_saturation)
+    rows: list[LevelRow] = []
+    for n, point in enumerate(sweep, 1):
+        level_rows: list[LevelRow] = []
+        while True:
+            row = await state.block(measure, point.block(len(level_rows)), check_server)
+            level_rows.append(row)
+            rows.append(row)
+            if on_level is not None:
+                await on_level(row, n, len(sweep))
+            if not more(point, level_rows):
                 break
+        if state.saturated_after(level_rows):
+            break
     return rows
+
+
+async def run_paired_levels(
+    sweep: list[Point],
+    measure_base: Measure,
+    measure_spec: Measure,
+    *,
+    more: Callable[[list[LevelRow], list[LevelRow]], bool],
+    stop_at_saturation: bool = False,
+    check_base: ServerCheck | None = None,
+    check_spec: ServerCheck | None = None,
+    on_block: OnLevel | None = None,
+    on_saturation: Callable[[], None] | None = None,
+) -> tuple[list[LevelRow], list[LevelRow]]:
+    """The alternate design: at each level, baseline and speculative blocks in turn, in ABBA order
+    (B S, S B, B S, ...) so that a drift within a pair falls on both alike, until ``more(base, spec)``
+    says the level is decided. Returns every block's row of each configuration."""
+    state = _Sweep(stop_at_saturation, on_saturation)
+    base_rows: list[LevelRow] = []
+    spec_rows: list[LevelRow] = []
+    for n, point in enumerate(sweep, 1):
+        base: list[LevelRow] = []
+        spec: list[LevelRow] = []
+        while True:
+            level = point.block(len(base))
+            order = [(measure_base, check_base, base), (measure_spec, check_spec, spec)]
+            for measure, check, into in (order if level.repeat % 2 == 0 else order[::-1]):
+                into.append(await state.block(measure, level, check))
+                if on_block is not None:
+                    await on_block(into[-1], n, len(sweep))
+            if not more(base, spec):
+                break
+        base_rows += base
+        spec_rows += spec
+        if state.saturated_after(base):
+            break
+    return base_rows, spec_rows
 
 
 # -- the run's record ----------------------------------------------------------------------------
@@ -214,10 +340,12 @@ class RunRecorder:
 
 
 def new_run_row(*, config_name: str, engine: str, job: SweepJob, host: str, base_url: str | None = None,
-                command: str | None = None, flow_run_id: str | None = None) -> RunRow:
+                command: str | None = None, flow_run_id: str | None = None, design: str | None = None,
+                decision: BaseModel | None = None) -> RunRow:
     return RunRow(config_name=config_name, engine=engine, command=command, host=host, base_url=base_url,
                   flow_run_id=flow_run_id, workload_json=job.workload.model_dump_json(),
-                  sweep_json=job.sweep.model_dump_json(), started_at=now_iso())
+                  sweep_json=job.sweep.model_dump_json(), design=design,
+                  decision_json=decision.model_dump_json() if decision is not None else None, started_at=now_iso())
 
 
 def finished_run(store: ResultsStore, run_id: str) -> list[LevelRow] | None:

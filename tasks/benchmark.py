@@ -9,10 +9,10 @@ measures afresh. The level is written to the store by the task itself, as soon a
 from __future__ import annotations
 
 from prefect import task
-from prefect.cache_policies import RUN_ID, TASK_SOURCE, Inputs
+from prefect.cache_policies import NO_CACHE, RUN_ID, TASK_SOURCE, Inputs
 
 from specsweep.records import Level, LevelRow
-from specsweep.sweep import BenchTarget, SweepJob, measure_level
+from specsweep.sweep import BenchTarget, SweepJob, WarmUp, measure_level, settle
 from tasks._common import run_logger
 
 LEVEL_CACHE = Inputs(exclude=["target"]) + TASK_SOURCE + RUN_ID
@@ -39,6 +39,17 @@ async def run_concurrency_benchmark(target: BenchTarget, job: SweepJob, level: L
     if row.failed:
         logger.warning("%s %s: %d request(s) failed (%s)", job.config_name, level.label, row.failed, row.errors)
     return row
+
+
+@task(name="warm_up", cache_policy=NO_CACHE, task_run_name="warm up {job.config_name}")
+async def warm_up(target: BenchTarget, job: SweepJob) -> WarmUp:
+    """After a start: single requests until the server's time to first token settles (or a cap)."""
+    report = await settle(target, job)
+    shown = ", ".join(f"{x:.0f}" for x in report.ttft_ms[-6:])
+    run_logger().info("%s warmed up with %d request(s) in %.1f s: TTFT %s ms (last %d)%s", job.config_name,
+                      report.requests, report.seconds, shown, min(6, report.requests),
+                      "" if report.settled else " — not settled within the cap; the first level may read high")
+    return report
 
 
 def _client_note(row: LevelRow) -> str:

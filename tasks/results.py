@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from typing import Any
 
@@ -11,6 +12,7 @@ from prefect.artifacts import acreate_link_artifact, acreate_markdown_artifact, 
 from prefect.cache_policies import NO_CACHE
 
 from specsweep.compare import Comparison, compare_runs, comparison_markdown, report_folder, write_report
+from specsweep.decision import DecisionConfig
 from specsweep.fingerprint import host_fingerprint, server_fingerprint
 from specsweep.hosts import Host
 from specsweep.plots import comparison_plots, data_uri
@@ -62,11 +64,11 @@ async def compare_configurations(
     baseline_run_id: str,
     speculative_run_id: str,
     store: ResultsStore,
-    allow_mismatch: bool = False,
+    decision: DecisionConfig,
 ) -> Comparison:
     """Compare the two runs from the store, write the report folder, publish the report."""
     logger = run_logger()
-    comp = compare_runs(store, baseline_run_id, speculative_run_id, allow_mismatch=allow_mismatch)
+    comp = compare_runs(store, baseline_run_id, speculative_run_id, decision=decision)
     urls = await asyncio.to_thread(write_report, comp, store)
     images = "\n\n".join(f"![{name}]({data_uri(png)})" for name, png in comparison_plots(comp).items())
     folder = store.location.url_of(report_folder(comp))
@@ -76,11 +78,17 @@ async def compare_configurations(
              f"- read them: `pandas.read_parquet('{store.url}/levels')`")
     key = artifact_key("speculation", comp.host or "", comp.baseline, "vs", comp.speculative)
     await acreate_markdown_artifact(markdown=comparison_markdown(comp) + "\n\n### Plots\n\n" + images + "\n\n" + where,
-                                    key=key, description=comp.recommendation)
-    await acreate_link_artifact(link=urls["report"], link_text="report.md (with the plots beside it)",
-                                key=artifact_key(key, "report"), description=comp.recommendation)
-    logger.info("comparison: %s", comp.recommendation)
-    logger.info("crossover: %s; vLLM num_speculative_tokens_per_batch_size: %s; router: %s",
-                comp.crossover, comp.vllm_num_speculative_tokens_per_batch_size, comp.router)
+                                    key=key, description=comp.summary[:500])
+    await acreate_link_artifact(link=urls["report"], link_text="report.md (with the plots and engine settings beside it)",
+                                key=artifact_key(key, "report"), description=comp.summary[:500])
+    rec = comp.recommendation
+    logger.info("comparison (%s): %s", rec.status, rec.reason)
+    for lv in comp.levels:
+        logger.info("  C=%d: %s, ratio %.3f [%s], %d/%d blocks", lv.concurrency, lv.verdict, lv.ratio,
+                    f"{lv.ratio_low:.3f}, {lv.ratio_high:.3f}" if lv.ratio_low and lv.ratio_high else "-", *lv.blocks)
+    if comp.vllm_speculative_config is not None:
+        logger.info("vLLM --speculative-config %s", json.dumps(comp.vllm_speculative_config))
+    if comp.sglang_adaptive_config is not None:
+        logger.info("SGLang --speculative-adaptive-config: %s", json.dumps(comp.sglang_adaptive_config))
     logger.info("report: %s", folder)
     return comp

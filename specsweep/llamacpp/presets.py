@@ -29,12 +29,16 @@ def server_command() -> list[str]:
     return [binary] if binary else [sys.executable, "-m", "specsweep.llamacpp.launcher"]
 
 
-def _models(model_path: str | None, draft_model_path: str | None, need_draft: bool) -> tuple[str, str | None]:
+def _models(model_path: str | None, draft_model_path: str | None, need_draft: bool,
+            layers: int | None) -> tuple[str, str | None]:
     if model_path and (draft_model_path or not need_draft):
         return model_path, draft_model_path
-    from specsweep.llamacpp.models import make_models
+    from specsweep.llamacpp.models import ModelSpec, make_models
 
-    files = make_models(default_models_dir())
+    spec = ModelSpec() if layers is None else ModelSpec(n_layer=layers)
+    # Each shape in its own folder: a server may have the other shape's file open.
+    where = default_models_dir() if spec == ModelSpec() else default_models_dir() / f"layers-{spec.n_layer}"
+    files = make_models(where, spec)
     return model_path or str(files.target), draft_model_path or (str(files.draft) if need_draft else None)
 
 
@@ -63,17 +67,19 @@ def _common(model: str, parallel: int, ctx: int, threads: int) -> list[str]:
 
 def baseline_profile(
     *, model_path: str | None = None, parallel: int = 8, ctx: int = 8192, threads: int = 2,
-    port: int = DEFAULT_PORT, name: str = "llamacpp-baseline",
+    port: int = DEFAULT_PORT, name: str = "llamacpp-baseline", layers: int | None = None,
 ) -> ServerProfile:
-    model, _ = _models(model_path, None, need_draft=False)
+    """``layers``: of the generated target (the draft is its first block); default 8."""
+    model, _ = _models(model_path, None, need_draft=False, layers=layers)
     return _profile(name, _common(model, parallel, ctx, threads), port)
 
 
 def speculative_profile(
     *, model_path: str | None = None, draft_model_path: str | None = None, parallel: int = 8, ctx: int = 8192,
     threads: int = 2, draft_max: int = 4, port: int = DEFAULT_PORT, name: str = "llamacpp-speculative",
+    layers: int | None = None,
 ) -> ServerProfile:
-    model, draft = _models(model_path, draft_model_path, need_draft=True)
+    model, draft = _models(model_path, draft_model_path, need_draft=True, layers=layers)
     assert draft is not None
     if draft_max < 1:
         raise ConfigError(f"draft_max must be at least 1 (got {draft_max})")

@@ -114,7 +114,7 @@ async def test_run_with_custom_parameters_completes_with_artifacts_and_logs(depl
     keys = {a.key for a in arts}
     assert {"speculation-local-sim-baseline-vs-sim-eagle3", "sim-baseline-local-levels", "sim-eagle3-local-levels"} <= keys
     # The recommendation itself depends on timing on a busy 2-core machine; that it is there does not.
-    assert "comparison: Speculation" in text and "crossover: " in text and "report: " in text
+    assert "comparison (" in text and "  C=1: " in text and "report: " in text
     assert "[server] " in text and "health attempt" in text
     assert len(ResultsStore(tmp_path / "results").runs()) == 2
     assert pids_with_marker(port) == []

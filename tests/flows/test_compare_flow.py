@@ -40,17 +40,19 @@ async def test_compare_speculation_end_to_end(tmp_path: Path) -> None:
     state = await compare_speculation(
         base, spec, benchmark=BenchmarkSettings(
             workload=WorkloadConfig(input_len=16, output_len=32), results=str(results),
-            sweep=SweepConfig(concurrency=[1, 4, 16], num_requests=16, warmup_requests=2, repeats=2)),
+            sweep=SweepConfig(concurrency=[1, 4, 16], num_requests=16, warmup_requests=2)),
         return_state=True,
     )
     result = await state.result()
     comp = result.comparison
     assert [lv.concurrency for lv in comp.levels] == [1, 4, 16]
     assert comp.levels[0].ratio > 1.05 and comp.levels[-1].ratio < 0.95  # the simulated crossover
-    assert comp.crossover == 16
-    assert "disable it at 16 and above" in comp.recommendation
-    assert comp.vllm_num_speculative_tokens_per_batch_size == {"1-15": 3, "16-4096": 0}
-    assert all(lv.ratio_low is not None for lv in comp.levels)  # repeats give an interval
+    assert [lv.verdict for lv in comp.levels][::2] == ["faster", "slower"], comp.levels
+    assert comp.recommendation.status == "decided" and comp.recommendation.speculation_off_from in (4, 16)
+    off = comp.recommendation.speculation_off_from
+    assert comp.vllm_speculative_config is not None
+    assert comp.vllm_speculative_config["num_speculative_tokens_per_batch_size"] == [[1, off - 1, 3], [off, 4096, 0]]
+    assert all(lv.ratio_low is not None and lv.blocks[0] >= 3 for lv in comp.levels)  # blocks give an interval
     assert pids_with_marker(port) == []
 
     store = ResultsStore(results)
@@ -58,9 +60,9 @@ async def test_compare_speculation_end_to_end(tmp_path: Path) -> None:
     assert set(runs["status"]) == {"completed"} and len(runs) == 2
     assert set(runs["engine_version"]) == {"sglang 0.5.4-specsweep-sim"}
     levels = pd.read_parquet(results / "levels")
-    assert len(levels) == 2 * 3 * 2
+    assert len(levels) == sum(sum(lv.blocks) for lv in comp.levels)
     plots = list((results / "reports").glob("*/*.png"))
-    assert sorted(p.name for p in plots) == ["latency.png", "speedup.png", "throughput.png"]
+    assert sorted(p.name for p in plots) == ["latency.png", "pareto.png", "speedup.png", "throughput.png"]
     assert all(p.stat().st_size < 400_000 for p in plots)
 
     async with get_client() as client:
@@ -69,7 +71,7 @@ async def test_compare_speculation_end_to_end(tmp_path: Path) -> None:
     by_key = {a.key: a for a in arts if a.key}
     # Each host and pair of configurations has its own history in the UI.
     report = by_key["speculation-local-sglang-baseline-vs-sglang-eagle3"]
-    assert "disable it at 16 and above" in report.data and "data:image/png;base64," in report.data
+    assert f"turn it off from {off}" in report.data and "data:image/png;base64," in report.data
     assert "sglang-baseline-local-levels" in by_key and "sglang-eagle3-local-levels" in by_key
     assert any(a.type == "progress" for a in arts)
     # The artifacts link to the data wherever it lies (here a file:// URL of the shared folder).

@@ -78,19 +78,26 @@ def test_runs_report_and_compare_from_the_store(tmp_path: Path) -> None:
     root = tmp_path / "res"
     store = ResultsStore(root)
     fp = {"gpu": "none (CPU)", "gpu_count": 0, "driver": None, "engine_version": "sglang x", "model": "m"}
-    for run_id, name, tps in (("base1", "baseline", [100.0, 300.0]), ("spec1", "eagle3", [150.0, 200.0])):
+    blocks = {"base1": {1: [100, 101, 99, 100.5], 8: [300, 305, 298, 302]},
+              "spec1": {1: [150, 152, 149, 151], 8: [200, 203, 199, 201]}}
+    for run_id, name in (("base1", "baseline"), ("spec1", "eagle3")):
         store.write_run(run_id, RunRow.model_validate(
             {"config_name": name, "engine": "sglang", "host": "local", "started_at": run_id, "status": "completed",
-             "command": "python -m sglang.launch_server --speculative-num-steps 3", **fp}))
-        for i, (c, t) in enumerate(zip([1, 8], tps, strict=True)):
-            store.write_level(run_id, f"L{i:03d}", LevelRow(config_name=name, mode="concurrency", concurrency=c,
-                                                            level_index=i, output_tokens_per_s=t, completed=4), [])
+             "design": "alternate-restart", "sweep_json": json.dumps({"num_requests": 16}),
+             "command": "python -m sglang.launch_server --speculative-algorithm EAGLE3 --speculative-draft-model-path d "
+                        "--speculative-num-steps 3", **fp}))
+        for i, (c, tps) in enumerate(blocks[run_id].items()):
+            for rep, t in enumerate(tps):
+                row = LevelRow(config_name=name, mode="concurrency", concurrency=c, level_index=i, repeat=rep,
+                               output_tokens_per_s=t, completed=16, requests=16, duration_s=1.0)
+                store.write_level(run_id, row.level.key, row, [])
     out = cli("runs", "--results", str(root)).stdout
     assert "base1" in out and "spec1" in out and "completed" in out
     out = cli("compare", "base1", "spec1", "--results", str(root)).stdout
-    assert "Speculation pays up to 1 concurrent request; disable it at 8 and above." in out
-    assert '{"1-7": 3, "8-4096": 0}' in out
+    assert "Decided: Speculation pays up to 1 concurrent request" in out and "turn it off from 8" in out
+    assert '"num_speculative_tokens_per_batch_size":[[1,7,3],[8,4096,0]]' in out
     assert (root / "reports" / "base1--spec1" / "speedup.png").exists()
+    assert (root / "reports" / "base1--spec1" / "vllm-speculative-config.json").exists()
     out = cli("report", "base1", "--results", str(root)).stdout
     assert "C=1" in out and "C=8" in out
     store.write_run("spec2", RunRow.model_validate({"config_name": "eagle3", "engine": "sglang", "host": "local",

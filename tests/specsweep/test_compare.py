@@ -1,66 +1,68 @@
-"""The comparison: crossover, recommendation, engine settings, noise and refusal of unlike runs."""
+"""The comparison from stored blocks: verdicts per level, the answer, its report folder, unlike runs refused."""
 
 from __future__ import annotations
 
-import pandas as pd
+import json
+from pathlib import Path
+
 import pytest
 
-from specsweep.compare import check_fingerprints, compare_levels, comparison_markdown, speculative_tokens_from_command
+from specsweep.compare import check_fingerprints, compare_levels, compare_runs, write_report
+from specsweep.decision import DecisionConfig
+from specsweep.engine_configs import check_sglang_adaptive_config, check_vllm_speculative_config
 from specsweep.errors import ConfigError
-from specsweep.records import RunRow
+from specsweep.records import LevelRow, RunRow
+from specsweep.store import ResultsStore
+
+SGLANG_SPEC = ("python -m sglang.launch_server --model-path /m/kimi --speculative-algorithm EAGLE3 "
+               "--speculative-draft-model-path /m/eagle3 --speculative-num-steps 3 --speculative-eagle-topk 1 "
+               "--speculative-num-draft-tokens 4")
 
 
-def levels(values: dict[int, list[float]]) -> pd.DataFrame:
-    rows = []
-    for c, tps in values.items():
+def rows(name: str, blocks: dict[int, list[float]]) -> list[LevelRow]:
+    out = []
+    for i, (c, tps) in enumerate(blocks.items()):
         for rep, t in enumerate(tps):
-            rows.append({"mode": "concurrency", "concurrency": c, "repeat": rep, "output_tokens_per_s": t,
-                         "ttft_ms_median": 10.0 * c, "itl_ms_median": 5.0, "spec_accept_length": None,
-                         "spec_acceptance_rate": None})
-    return pd.DataFrame(rows)
+            out.append(LevelRow(config_name=name, level_index=i, mode="concurrency", concurrency=c, repeat=rep,
+                                output_tokens_per_s=t, requests=16, completed=16, duration_s=2.0,
+                                ttft_ms_median=10.0 * c, ttft_ms_p99=20.0 * c, tpot_ms_median=5.0 + c,
+                                tpot_ms_p99=8.0 + c))
+    return out
 
 
-def test_published_shape_gives_crossover_at_two() -> None:
-    base = levels({1: [92.6, 92.0, 93.1], 2: [181, 180, 182], 8: [537, 530, 540], 64: [767, 770, 765]})
-    spec = levels({1: [96.1, 96.5, 95.8], 2: [173, 172, 174], 8: [318, 320, 317], 64: [346, 345, 347]})
-    comp = compare_levels(base, spec, num_speculative_tokens=3)
-    assert comp.crossover == 2
-    assert comp.recommendation == "Speculation pays up to 1 concurrent request; disable it at 2 and above."
-    assert comp.vllm_num_speculative_tokens_per_batch_size == {"1-1": 3, "2-4096": 0}
-    assert comp.router["speculative_below_concurrency"] == 2
-    assert [lv.verdict for lv in comp.levels] == ["speculation faster", "baseline faster", "baseline faster", "baseline faster"]
-    pol = comp.policy_mean_tokens_per_s
-    assert pol["switch_per_level"] >= pol["always_off"] > pol["always_on"]
-    assert pol["switch_per_level"] == pytest.approx((96.1 + 181 + 537 + 767) / 4)
-    md = comparison_markdown(comp)
-    assert "disable it at 2 and above" in md and '"2-4096": 0' in md
+# The published shape: EAGLE-3 a little ahead for one stream, far behind under load.
+BASE = {1: [92.6, 92.0, 93.1, 92.4, 92.8], 2: [181, 180, 182], 8: [537, 530, 540], 64: [767, 770, 765]}
+SPEC = {1: [96.1, 96.5, 95.8, 96.3, 95.9], 2: [163, 162, 164], 8: [318, 320, 317], 64: [346, 345, 347]}
 
 
-def test_single_samples_are_labelled() -> None:
-    comp = compare_levels(levels({1: [100.0], 4: [300.0]}), levels({1: [150.0], 4: [200.0]}))
-    assert [lv.verdict for lv in comp.levels] == ["single sample: speculation faster", "single sample: baseline faster"]
-    assert comp.levels[0].ratio_low is None
-    assert any("single sample" in n for n in comp.notes)
+def test_published_shape_turns_speculation_off_from_two() -> None:
+    comp = compare_levels(rows("b", BASE), rows("s", SPEC), decision=DecisionConfig(), paired=True, num_requests=16)
+    assert [lv.verdict for lv in comp.levels] == ["faster", "slower", "slower", "slower"]
+    assert comp.recommendation.status == "decided" and comp.recommendation.speculation_off_from == 2
+    assert comp.levels[0].blocks == (5, 5) and comp.levels[0].requests == (80, 80)
+    assert comp.levels[0].baseline_tpot_ms == 6.0 and comp.levels[0].speculative_ttft_p99_ms == 20.0
 
 
-def test_overlapping_repeats_are_within_noise() -> None:
-    comp = compare_levels(levels({1: [100, 120, 80]}), levels({1: [105, 85, 125]}))
-    assert comp.levels[0].verdict == "within noise"
-    assert comp.levels[0].ratio_low < 1 < comp.levels[0].ratio_high
+def test_one_block_each_is_undetermined_not_a_guess() -> None:
+    comp = compare_levels(rows("b", {1: [100.0], 4: [300.0]}), rows("s", {1: [150.0], 4: [200.0]}),
+                          decision=DecisionConfig(), paired=True, num_requests=16)
+    assert [lv.verdict for lv in comp.levels] == ["undetermined", "undetermined"]
+    assert comp.levels[0].ratio_low is None and comp.recommendation.status == "undetermined"
 
 
-def test_never_and_always() -> None:
-    always = compare_levels(levels({1: [100.0], 8: [300.0]}), levels({1: [200.0], 8: [400.0]}))
-    assert always.crossover is None and "pays at every level measured" in always.recommendation
-    assert always.vllm_num_speculative_tokens_per_batch_size == {"1-4096": 3}
-    never = compare_levels(levels({1: [200.0], 8: [400.0]}), levels({1: [100.0], 8: [300.0]}))
-    assert never.crossover == 1 and "does not pay at any level" in never.recommendation
-    assert never.vllm_num_speculative_tokens_per_batch_size == {"1-4096": 0}
+def test_overlapping_blocks_are_undetermined_and_tight_ones_equivalent() -> None:
+    noisy = compare_levels(rows("b", {1: [100, 120, 80]}), rows("s", {1: [105, 85, 125]}), decision=DecisionConfig(),
+                           paired=False, num_requests=16)
+    assert noisy.levels[0].verdict == "undetermined"
+    tight = compare_levels(rows("b", {1: [100, 100.5, 99.6, 100.2]}), rows("s", {1: [100.3, 100.1, 99.8, 100.4]}),
+                           decision=DecisionConfig(), paired=True, num_requests=16)
+    assert tight.levels[0].verdict == "equivalent"
 
 
 def test_no_common_levels_is_an_error() -> None:
     with pytest.raises(ConfigError, match="share no concurrency level"):
-        compare_levels(levels({1: [1.0]}), levels({2: [1.0]}))
+        compare_levels(rows("b", {1: [1.0]}), rows("s", {2: [1.0]}), decision=DecisionConfig(), paired=True,
+                       num_requests=1)
 
 
 def test_unlike_environments_are_refused_unless_allowed() -> None:
@@ -74,35 +76,53 @@ def test_unlike_environments_are_refused_unless_allowed() -> None:
     assert check_fingerprints(a, unknown, allow_mismatch=False) == []  # unknown is not a difference
 
 
-def test_speculative_tokens_from_command() -> None:
-    assert speculative_tokens_from_command("python -m sglang.launch_server --speculative-num-steps 5") == 5
-    assert speculative_tokens_from_command("llama-server -md d --spec-draft-n-max 4") == 4
-    assert speculative_tokens_from_command(None) == 3
+def store_pair(root: Path, base: dict[int, list[float]], spec: dict[int, list[float]]) -> ResultsStore:
+    store = ResultsStore(root)
+    for run_id, name, blocks, command in (("base1", "sglang-baseline", base, "python -m sglang.launch_server"),
+                                          ("spec1", "sglang-eagle3", spec, SGLANG_SPEC)):
+        store.write_run(run_id, RunRow(config_name=name, engine="sglang", host="gpu-01", status="completed",
+                                       command=command, design="alternate-restart",
+                                       sweep_json=json.dumps({"num_requests": 16}),
+                                       decision_json=DecisionConfig().model_dump_json()))
+        for r in rows(name, blocks):
+            store.write_level(run_id, r.level.key, r, [])
+    return store
 
 
-def test_within_noise_is_not_paying() -> None:
-    # As a tiny CPU model gives: C=1 and C=8 a few percent either way, C=4 baseline clearly faster.
-    base = levels({1: [389.9, 380.0, 395.0], 2: [449.2, 440.0, 455.0], 4: [462.9, 465.0, 461.0], 8: [571.9, 540.0, 600.0]})
-    spec = levels({1: [405.5, 370.0, 430.0], 2: [449.3, 430.0, 468.0], 4: [441.4, 439.0, 443.0], 8: [587.7, 550.0, 610.0]})
-    comp = compare_levels(base, spec)
-    assert [lv.verdict for lv in comp.levels] == ["within noise", "within noise", "baseline faster", "within noise"]
-    assert comp.crossover == 1
-    assert "does not pay at any level" in comp.recommendation and "every level" not in comp.recommendation
-    assert any("Within the noise at concurrency 1, 2, 8" in n for n in comp.notes)
-    all_noise = compare_levels(levels({1: [100, 120, 80], 4: [300, 330, 270]}), levels({1: [105, 85, 125], 4: [310, 280, 320]}))
-    assert all_noise.crossover == 1 and "no difference beyond the noise" in all_noise.recommendation
+def test_report_folder_holds_the_answer_and_the_engine_configs(tmp_path: Path) -> None:
+    store = store_pair(tmp_path / "res", BASE, SPEC)
+    comp = compare_runs(store, "base1", "spec1")
+    assert comp.design == "alternate-restart" and comp.levels[0].paired
+    write_report(comp, store)
+    folder = tmp_path / "res" / "reports" / "base1--spec1"
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "latency.png", "pareto.png", "recommendation.json", "report.md", "sglang-adaptive-config.json", "speedup.png",
+        "throughput.png", "vllm-speculative-config.json"]
+    rec = json.loads((folder / "recommendation.json").read_text())
+    assert rec["status"] == "decided" and rec["speculation_off_from"] == 2
+    assert [lv["verdict"] for lv in rec["levels"]] == ["faster", "slower", "slower", "slower"]
+    assert rec["levels"][0]["requests"] == {"baseline": 80, "speculative": 80}
+    assert len(rec["levels"][0]["interval"]) == 2 and rec["reason"].startswith("Speculation pays up to 1")
+    vllm = json.loads((folder / "vllm-speculative-config.json").read_text())
+    assert vllm == {"method": "eagle3", "model": "/m/eagle3", "num_speculative_tokens": 3,
+                    "num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 4096, 0]]}
+    check_vllm_speculative_config(vllm)
+    sglang = json.loads((folder / "sglang-adaptive-config.json").read_text())
+    assert sglang == {"1": {"candidate_steps": [3]}, "2": {"candidate_steps": [0]}}
+    check_sglang_adaptive_config(sglang)
+    report = (folder / "report.md").read_text()
+    assert "--speculative-config '{\"method\":\"eagle3\"" in report
+    assert "--speculative-adaptive --speculative-adaptive-config sglang-adaptive-config.json" in report
+    assert all((folder / p).stat().st_size < 300_000 for p in ("throughput.png", "speedup.png", "pareto.png"))
 
 
-def test_wins_that_are_not_monotonic_give_no_threshold() -> None:
-    comp = compare_levels(levels({1: [100.0], 4: [300.0], 8: [400.0]}), levels({1: [90.0], 4: [330.0], 8: [420.0]}))
-    assert comp.crossover is None
-    assert comp.recommendation.startswith("Speculation pays at 4, 8 concurrent requests but not at every level below")
-    assert any("not monotonic" in n for n in comp.notes)
-
-
-def test_switching_follows_the_recommendation() -> None:
-    # Speculation a little ahead everywhere, but never beyond the noise: the advice is "off",
-    # and the projected throughput of following it is the baseline's.
-    comp = compare_levels(levels({1: [100, 120, 80], 4: [300, 330, 270]}), levels({1: [105, 125, 85], 4: [310, 340, 280]}))
-    assert comp.vllm_num_speculative_tokens_per_batch_size == {"1-4096": 0}
-    assert comp.policy_mean_tokens_per_s["switch_per_level"] == comp.policy_mean_tokens_per_s["always_off"]
+def test_an_undetermined_answer_gives_no_engine_settings(tmp_path: Path) -> None:
+    spec = {**SPEC, 8: [610, 480, 560]}  # level 8 could be either way now
+    store = store_pair(tmp_path / "res", BASE, spec)
+    comp = compare_runs(store, "base1", "spec1")
+    assert comp.recommendation.status == "undetermined" and comp.vllm_speculative_config is None
+    write_report(comp, store)
+    folder = tmp_path / "res" / "reports" / "base1--spec1"
+    assert not (folder / "vllm-speculative-config.json").exists()
+    assert json.loads((folder / "recommendation.json").read_text())["speculation_off_from"] is None
+    assert "No engine setting is given while the answer is undetermined" in (folder / "report.md").read_text()

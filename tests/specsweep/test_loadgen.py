@@ -14,7 +14,7 @@ from specsweep.bench.workload import build_prompts
 from specsweep.errors import ConfigError, StoreError
 from specsweep.records import Level, LevelRow, RequestRow, RunRow
 from specsweep.store import ResultsStore
-from specsweep.sweep import BenchTarget, SweepJob, measure_level, plan, run_levels
+from specsweep.sweep import BenchTarget, SweepJob, measure_level, points, repeats, run_levels
 from tests.helpers.sim import running_sim
 
 
@@ -27,7 +27,7 @@ async def measure(target: BenchTarget, workload: WorkloadConfig, sweep: SweepCon
 async def run_sweep(target: BenchTarget, workload: WorkloadConfig, sweep: SweepConfig, *, store: ResultsStore,
                     run_id: str) -> list[LevelRow]:
     job = SweepJob(run_id=run_id, config_name=run_id, results=str(store), workload=workload, sweep=sweep)
-    return await run_levels(plan(sweep), lambda lv: measure_level(target, job, lv),
+    return await run_levels(points(sweep), lambda lv: measure_level(target, job, lv), more=repeats(sweep.repeats),
                             stop_at_saturation=sweep.stop_at_saturation)
 
 

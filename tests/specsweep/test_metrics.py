@@ -38,6 +38,16 @@ def test_events_read_together_share_their_gap() -> None:
     assert itl_s(r) == pytest.approx([0.1, 0.1, 0.1, 0.1])
 
 
+def test_a_burst_of_events_from_one_verify_step_is_one_arrival() -> None:
+    # One event per accepted token, a few µs apart: the 0.3 s gap belongs to all three tokens,
+    # not 0.3 s for the first and 0 ms for the others.
+    r = rec(0, 0.0, [(0.1, 1), (0.4, 1), (0.40001, 1), (0.40002, 1), (0.5, 1)], 0.5)
+    assert itl_s(r) == pytest.approx([0.1, 0.1, 0.1, 0.1], abs=1e-4)
+    # Without speculation, steady gaps are never merged, even with some jitter.
+    steady = rec(1, 0.0, [(0.1, 1), (0.19, 1), (0.31, 1), (0.4, 1)], 0.4)
+    assert itl_s(steady) == pytest.approx([0.09, 0.12, 0.09])
+
+
 def test_single_token_output_has_no_tpot_and_no_itl() -> None:
     r = rec(0, 0.0, [(0.2, 1)], 0.2)
     assert tpot_s(r) is None and itl_s(r) == []

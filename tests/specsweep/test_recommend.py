@@ -1,0 +1,169 @@
+"""One answer from per-level verdicts, and the engines' own forms of it, checked against their rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from specsweep.engine_configs import (
+    check_sglang_adaptive_config,
+    check_vllm_speculative_config,
+    sglang_adaptive_config,
+    speculation_from_command,
+    vllm_speculative_config,
+)
+from specsweep.recommend import LevelVerdict, recommend, supported_thresholds
+from specsweep.stats import Verdict
+
+C = [1, 2, 4, 8]
+
+
+def levels(verdicts: list[Verdict], base: list[float] | None = None, spec: list[float] | None = None,
+           cs: list[int] = C) -> list[LevelVerdict]:
+    base = base or [100.0 * c for c in cs]
+    ratio = {"faster": 1.2, "slower": 0.8, "equivalent": 1.0, "undetermined": 1.01}
+    spec = spec or [b * ratio[v] for b, v in zip(base, verdicts, strict=True)]
+    return [LevelVerdict(concurrency=c, verdict=v, ratio=s / b, baseline_tokens_per_s=b, speculative_tokens_per_s=s)
+            for c, v, b, s in zip(cs, verdicts, base, spec, strict=True)]
+
+
+def test_the_published_shape_turns_it_off_from_two() -> None:
+    rec = recommend(levels(["faster", "slower", "slower", "slower"]), 0.03)
+    assert (rec.status, rec.speculation_off_from) == ("decided", 2)
+    assert rec.reason.startswith("Speculation pays up to 1 concurrent request (faster at 1 (×1.20))")
+    assert "turn it off from 2" in rec.reason
+    pol = rec.projected_tokens_per_s
+    assert pol["as_recommended"] >= max(pol["always_on"], pol["always_off"])
+
+
+def test_pays_everywhere_keeps_it_on() -> None:
+    rec = recommend(levels(["faster", "faster", "equivalent", "faster"]), 0.03)
+    assert (rec.status, rec.speculation_off_from) == ("decided", None)
+    assert "keep it on" in rec.reason and "within ±3% at 4" in rec.reason
+
+
+def test_never_pays_turns_it_off_from_the_first_level() -> None:
+    rec = recommend(levels(["slower", "slower", "equivalent", "slower"]), 0.03)
+    assert (rec.status, rec.speculation_off_from) == ("decided", 1)
+    assert "does not pay at any level" in rec.reason
+
+
+def test_ties_everywhere_is_decided_and_says_so() -> None:
+    rec = recommend(levels(["equivalent"] * 4), 0.03)
+    assert (rec.status, rec.speculation_off_from) == ("decided", None)
+    assert "no difference beyond ±3%" in rec.reason
+
+
+def test_a_tie_at_the_boundary_turns_it_off_at_the_tie() -> None:
+    # faster, tie, slower: off from the tie (speculation there costs work for nothing).
+    rec = recommend(levels(["faster", "equivalent", "slower", "slower"]), 0.03)
+    assert (rec.status, rec.speculation_off_from) == ("decided", 2)
+
+
+def test_an_undetermined_level_at_the_boundary_leaves_it_undetermined() -> None:
+    rec = recommend(levels(["faster", "faster", "undetermined", "slower"]), 0.03)
+    assert rec.status == "undetermined" and rec.speculation_off_from is None
+    assert rec.between == (4, 8)
+    assert rec.reason.startswith("undetermined between 4 and 8")
+    assert 4 in rec.measure_next and 6 in rec.measure_next  # the open level, and the gap between 4 and 8
+
+
+def test_an_undetermined_level_far_from_the_boundary_may_still_matter() -> None:
+    # If level 1 were slower, the verdicts would not be monotonic: that matters too.
+    rec = recommend(levels(["undetermined", "faster", "slower", "slower"]), 0.03)
+    assert rec.status == "undetermined" and 1 in rec.measure_next
+
+
+def test_an_undetermined_level_among_ties_still_decides_between_on_and_off() -> None:
+    # Faster there: it pays or ties everywhere (keep it on); slower there: off from 2. Undetermined.
+    rec = recommend(levels(["faster", "equivalent", "undetermined", "equivalent"]), 0.03)
+    assert rec.status == "undetermined" and rec.between == (2, None) and 4 in rec.measure_next
+
+
+def test_an_undetermined_level_that_cannot_change_the_answer_does_not_block_it() -> None:
+    # Slower everywhere else: whichever way level 1 goes, speculation is off from 1 or 2 ... which
+    # differ, so it is undetermined; but at the top, slower or equivalent, the answer is the same.
+    rec = recommend(levels(["faster", "slower", "slower", "slower"]), 0.03)
+    top = recommend(levels(["faster", "slower", "slower", "equivalent"]), 0.03)
+    assert rec.speculation_off_from == top.speculation_off_from == 2
+
+
+def test_verdicts_that_are_not_monotonic_give_no_threshold() -> None:
+    rec = recommend(levels(["faster", "slower", "faster", "slower"]), 0.03)
+    assert rec.status == "undetermined" and rec.speculation_off_from is None
+    assert rec.reason.startswith("no single threshold fits")
+    assert rec.measure_next == [2, 4]
+
+
+def test_no_advice_loses_to_a_fixed_choice_on_its_own_numbers() -> None:
+    # faster at 1 (small), slower at 2 by 4 %, and within the margin at 4 and 8 but +2.9 % each, at
+    # large throughputs: turning speculation off from 2 would project less than leaving it on.
+    base = [100.0, 200.0, 4000.0, 8000.0]
+    spec = [120.0, 192.0, 4116.0, 8232.0]
+    rec = recommend(levels(["faster", "slower", "equivalent", "equivalent"], base, spec), 0.03)
+    pol = rec.projected_tokens_per_s
+    if rec.status == "decided":
+        assert pol["as_recommended"] >= max(pol["always_on"], pol["always_off"])
+    else:
+        assert "project less throughput than a fixed choice" in rec.reason
+    assert supported_thresholds(["faster", "slower", "equivalent", "equivalent"]) == [1]
+
+
+def test_the_old_report_that_said_disable_at_8_now_says_undetermined() -> None:
+    # 1.51x faster at 8 with an interval of [0.91, 3.40]: that interval decides nothing.
+    rec = recommend(levels(["faster", "faster", "faster", "undetermined"]), 0.03)
+    assert rec.status == "undetermined" and rec.between == (8, None)
+
+
+# -- the engines' forms --------------------------------------------------------------------------
+
+SGLANG = ("python -m sglang.launch_server --model-path /m/kimi --tp 8 --speculative-algorithm EAGLE3 "
+          "--speculative-draft-model-path /m/eagle3 --speculative-num-steps 3 --speculative-eagle-topk 1 "
+          "--speculative-num-draft-tokens 4")
+
+
+@pytest.mark.parametrize(("off", "schedule"), [(None, [[1, 4096, 3]]), (1, [[1, 4096, 0]]),
+                                                (2, [[1, 1, 3], [2, 4096, 0]]), (16, [[1, 15, 3], [16, 4096, 0]])])
+def test_vllm_config_is_a_list_vllm_accepts(off: int | None, schedule: list[list[int]]) -> None:
+    spec = speculation_from_command(SGLANG)
+    assert spec is not None
+    cfg = vllm_speculative_config(spec, off)
+    assert cfg == {"method": "eagle3", "model": "/m/eagle3", "num_speculative_tokens": 3,
+                   "num_speculative_tokens_per_batch_size": schedule}
+    check_vllm_speculative_config(cfg)
+
+
+@pytest.mark.parametrize(("schedule", "needle"), [
+    ({"1-7": 3, "8-4096": 0}, "vLLM refuses a dict"),  # what the old report printed
+    ([[2, 7, 3]], "must start at 1"),
+    ([[1, 8, 3], [8, 4096, 0]], "must not overlap"),
+    ([[1, 7, 3], [9, 4096, -1]], ">= 0"),
+    ([[1, 0, 3]], "not empty"),
+])
+def test_vllm_rules_refuse_what_vllm_refuses(schedule: object, needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        check_vllm_speculative_config({"num_speculative_tokens_per_batch_size": schedule})
+
+
+@pytest.mark.parametrize(("off", "want"), [(None, {"1": {"candidate_steps": [3]}}), (1, {"1": {"candidate_steps": [0]}}),
+                                            (8, {"1": {"candidate_steps": [3]}, "8": {"candidate_steps": [0]}})])
+def test_sglang_adaptive_file(off: int | None, want: dict[str, object]) -> None:
+    assert sglang_adaptive_config(3, off) == want
+
+
+@pytest.mark.parametrize(("cfg", "needle"), [({"small": {"candidate_steps": [3]}}, "not a batch size"),
+                                              ({"1": {"candidate_steps": [-1]}}, "integers >= 0"),
+                                              ({"1": {"candidate_steps": 3}}, "list"),
+                                              ({"8": {"candidate_steps": [0]}}, "smallest key must be 1")])
+def test_sglang_rules_refuse_what_sglang_refuses(cfg: dict[str, object], needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        check_sglang_adaptive_config(cfg)
+
+
+def test_speculation_read_from_each_engines_command() -> None:
+    llama = speculation_from_command("python -m specsweep.llamacpp.launcher -m t.gguf -md /m/draft.gguf "
+                                     "--spec-type draft-simple --spec-draft-n-max 4 --port 8081")
+    assert llama is not None and (llama.method, llama.model, llama.num_speculative_tokens) == ("draft_model", "/m/draft.gguf", 4)
+    vllm = speculation_from_command("python -m vllm.entrypoints.openai.api_server --model M --speculative-config "
+                                    """'{"method": "draft_model", "model": "D", "num_speculative_tokens": 5}'""")
+    assert vllm is not None and (vllm.method, vllm.model, vllm.num_speculative_tokens) == ("draft_model", "D", 5)
+    assert speculation_from_command("python -m sglang.launch_server --model-path M") is None
