@@ -197,7 +197,7 @@ async def configuration(profile: ServerProfile, host: Host, host_config: HostCon
                     record.record_fingerprint(await fingerprint_environment(host, server.target))
                     record.update(time_to_ready_s=server.ready.time_to_ready_s)
                 ready_s.append(server.ready.time_to_ready_s)
-                await warm_up(server.target, job)
+                await warm_up(server.target, job, settings.stages.warm_up_requests)
                 yield server
 
         if restart_per_block:

@@ -20,7 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import NullFormatter, NullLocator  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator  # noqa: E402
 
 from specsweep.compare import Comparison  # noqa: E402
 
@@ -106,6 +106,9 @@ def comparison_plots(comp: Comparison) -> dict[str, bytes]:
         _concurrency_axis(ax, c)
         if positive:  # latencies span orders of magnitude from one stream to saturation
             ax.set_yscale("log")
+            ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set(title=title)
         ax.legend(fontsize=7)
     out["latency"] = _png(fig)

@@ -44,6 +44,9 @@ class LifecycleOptions(BaseModel):
         default_factory=lambda: StageOptions(retries=0, timeout_s=None),
         description="wait_for_health: poll until ready. Without a timeout, the profile's startup_timeout_s applies.",
     )
+    warm_up_requests: int = Field(
+        24, ge=0, le=10_000, description="After each start, single requests until the server's TTFT settles, at most "
+        "this many (0: no warm-up; each level still has its own sweep.warmup_requests).")
     kill_port_holder: bool = Field(
         False, description="If the port is busy at start, kill whatever holds it instead of failing."
     )

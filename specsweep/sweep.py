@@ -139,6 +139,8 @@ async def settle(target: BenchTarget, job: SweepJob, *, max_requests: int = 24, 
     ±``tolerance`` of their median, or the cap. The first requests after a start pay for compiled
     kernels, cold caches and lazy allocations; measured levels should not."""
     t0 = time.perf_counter()
+    if max_requests <= 0:
+        return WarmUp(requests=0, ttft_ms=[], settled=False, seconds=0.0)
     workload = job.workload.model_copy(update={"seed": job.workload.seed + 7_000_003})
     one = job.sweep.model_copy(update={"num_requests": 1, "warmup_requests": 0, "duration_s": None, "workers": 1})
     ttfts: list[float] = []

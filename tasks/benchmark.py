@@ -42,9 +42,11 @@ async def run_concurrency_benchmark(target: BenchTarget, job: SweepJob, level: L
 
 
 @task(name="warm_up", cache_policy=NO_CACHE, task_run_name="warm up {job.config_name}")
-async def warm_up(target: BenchTarget, job: SweepJob) -> WarmUp:
+async def warm_up(target: BenchTarget, job: SweepJob, max_requests: int = 24) -> WarmUp:
     """After a start: single requests until the server's time to first token settles (or a cap)."""
-    report = await settle(target, job)
+    report = await settle(target, job, max_requests=max_requests)
+    if max_requests <= 0:
+        return report
     shown = ", ".join(f"{x:.0f}" for x in report.ttft_ms[-6:])
     run_logger().info("%s warmed up with %d request(s) in %.1f s: TTFT %s ms (last %d)%s", job.config_name,
                       report.requests, report.seconds, shown, min(6, report.requests),

@@ -187,6 +187,13 @@ class SimServer:
             return web.json_response({"object": "error", "message": "simulated internal error", "code": 500}, status=500)
         return None
 
+    async def _cold(self) -> None:
+        """A freshly started engine: its first requests wait for compiled kernels and cold caches, less
+        and less (the first --sim-cold-ttft-s, then linearly down to nothing after N)."""
+        n = self.args.sim_cold_requests
+        if self.requests_started <= n:
+            await asyncio.sleep(self.args.sim_cold_ttft_s * (n - self.requests_started + 1) / n)
+
     def _finished_one(self) -> None:
         self.requests_finished += 1
         if self.faults.die_after is not None and self.requests_finished >= self.faults.die_after:
@@ -275,6 +282,7 @@ class SimServer:
         body = await request.json()
         if (fault := self._check_generation_faults()) is not None:
             return fault
+        await self._cold()
         max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
         if not body.get("ignore_eos", False):
             max_tokens = min(max_tokens, self.rng.randint(8, 512))
@@ -456,6 +464,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     ap.add_argument("--fault-error-rate", type=float, default=0.0, help="fraction of requests answered 500")
     ap.add_argument("--fault-cut-rate", type=float, default=0.0, help="fraction of streams cut off mid-way")
     ap.add_argument("--fault-malformed-rate", type=float, default=0.0, help="fraction of streams with a malformed SSE line")
+    ap.add_argument("--sim-cold-requests", type=int, default=0, metavar="N",
+                    help="the first N generations after the start are slow: the first waits --sim-cold-ttft-s "
+                    "before its first token, the next ones less and less")
+    ap.add_argument("--sim-cold-ttft-s", type=float, default=0.2)
     ap.add_argument("--fault-stall-s", type=float, default=0.0, help="pause every stream this long half-way")
     ap.add_argument("--fault-trickle-s", type=float, default=0.0, metavar="S",
                     help="send streams one byte at a time, S seconds apart: every read gets data quickly, "

@@ -20,6 +20,7 @@ from flows.benchmark_config import benchmark_config
 from specsweep.bench.config import RequestParams, SweepConfig, WorkloadConfig
 from specsweep.presets import sglang_baseline
 from specsweep.settings import BenchmarkSettings
+from specsweep.stages import LifecycleOptions
 from specsweep.store import ResultsStore
 from tests.conftest import pids_with_marker
 from tests.helpers.logs import flow_logs
@@ -75,7 +76,9 @@ async def test_server_fault(name: str, tmp_path: Path) -> None:
     state = await benchmark_config(
         profile, return_state=True, benchmark=BenchmarkSettings(
             workload=WorkloadConfig(input_len=8, output_len=32), sweep=SweepConfig.model_validate(sweep),
-            request=RequestParams(timeout_s=case.timeout_s), results=str(results)),
+            request=RequestParams(timeout_s=case.timeout_s), results=str(results),
+            # No warm-up after the start: the faults count requests from the first measured one.
+            stages=LifecycleOptions(warm_up_requests=0)),
     )
     took = time.monotonic() - t0
     assert state.is_completed() is case.completed, state.message

@@ -91,6 +91,7 @@ async def test_retry_like_the_ui_reuses_finished_levels(tmp_path: Path) -> None:
     params = {
         "profile": base.as_parameters(),
         "benchmark": {"sweep": {"concurrency": [1, 2, 4], "num_requests": 10, "warmup_requests": 2},
+                      "stages": {"warm_up_requests": 0},  # the fault counts requests from the first level on
                       "workload": {"input_len": 8, "output_len": 16}, "results": str(results)},
     }
     with serving("flows.benchmark_config", "benchmark_config", "retry-test"):
@@ -223,6 +224,7 @@ async def test_retry_after_the_speculative_server_fails_to_start_keeps_the_basel
         "baseline": base.as_parameters(), "speculative": spec.as_parameters(),
         "benchmark": {"sweep": {"concurrency": [1, 4], "num_requests": 8, "warmup_requests": 1},
                       "workload": {"input_len": 8, "output_len": 16}, "results": str(results)},
+        "decision": {"max_requests_per_level": 40},
     }
     with serving("flows.compare_speculation", "compare_speculation", "retry-spec"):
         await wait_for_deployment("compare-speculation/retry-spec")
@@ -230,7 +232,7 @@ async def test_retry_after_the_speculative_server_fails_to_start_keeps_the_basel
         failed = await wait_for_state(run.id, {"Failed", "Completed", "Crashed"})
         assert failed.state.name == "Failed" and once.exists(), failed.state
         baseline_files = {p: p.stat().st_mtime_ns for p in (results / "levels").glob("*sglang-baseline*/*.parquet")}
-        assert len(baseline_files) == 2
+        assert len(baseline_files) >= 2 * 4  # both levels, in blocks
         async with get_client() as client:
             await client.set_flow_run_state(run.id, Scheduled(name="AwaitingRetry"), force=True)
         done = await wait_for_state(run.id, {"Completed", "Failed", "Crashed"})
@@ -241,3 +243,40 @@ async def test_retry_after_the_speculative_server_fails_to_start_keeps_the_basel
     log = (Path(__file__).resolve().parents[2] / "data" / ".runner-retry-spec.log").read_text()
     assert "sglang-baseline finished in an earlier try of this flow run" in log
     assert pids_with_marker(port) == []
+
+
+@pytest.mark.parametrize("alternate_by", ["side-by-side", "restart"])
+async def test_alternate_design_takes_blocks_in_turn(alternate_by: str, tmp_path: Path) -> None:
+    """Baseline and speculative blocks alternate at each level (ABBA), both servers up on two ports or
+    one restarted for each block; the comparison pairs them and decides each level."""
+    from specsweep.decision import DecisionConfig
+
+    port = free_port()
+    base, spec = sim_profiles(port)
+    results = tmp_path / "results"
+    state = await compare_speculation(
+        base, spec, return_state=True,
+        benchmark=BenchmarkSettings(workload=WorkloadConfig(input_len=16, output_len=32), results=str(results),
+                                    sweep=SweepConfig(concurrency=[1, 16], num_requests=12, warmup_requests=1)),
+        decision=DecisionConfig(design="alternate", alternate_by=alternate_by, max_requests_per_level=72),
+    )
+    comp = (await state.result()).comparison
+    assert comp.design == f"alternate-{alternate_by}" and all(lv.paired for lv in comp.levels)
+    assert [lv.verdict for lv in comp.levels] == ["faster", "slower"], comp.levels
+    assert comp.recommendation.speculation_off_from == 16
+    store = ResultsStore(results)
+    levels = store.levels().sort_values("started_at")
+    for index in (0, 1):
+        order = list(levels[levels["level_index"] == index]["config_name"])
+        abba = ["sglang-baseline", "sglang-eagle3", "sglang-eagle3", "sglang-baseline"] * 4
+        assert order == abba[:len(order)] and len(order) >= 8, order
+    runs = store.runs().set_index("config_name")
+    logs = "\n".join(await flow_logs(state.state_details.flow_run_id))
+    started = logs.count("server sglang-eagle3 started: pid")
+    if alternate_by == "side-by-side":
+        assert runs.loc["sglang-eagle3", "base_url"].endswith(f":{port + 1}")  # its own port, beside the baseline
+        assert started == 1
+    else:
+        assert started == comp.levels[0].blocks[1] + comp.levels[1].blocks[1]  # started for each of its blocks
+        assert logs.count("sglang-eagle3 warmed up with") == started
+    assert pids_with_marker(port) == [] and pids_with_marker(port + 1) == []

@@ -282,3 +282,20 @@ async def test_duration_instead_of_a_request_count(store: ResultsStore) -> None:
                             SweepConfig(duration_s=1.0, warmup_requests=1), store=store, run_id="d", value=2)
     # ~400 tok/s per stream at 16 tokens: about 25 requests a second per stream; the last finish after 1 s.
     assert row.completed > 10 and 1.0 <= row.duration_s < 1.6
+
+
+async def test_warm_up_lasts_until_ttft_settles(store: ResultsStore) -> None:
+    """A freshly started server whose first 6 generations are slow, less and less: the warm-up goes
+    past them and stops once TTFT has settled; the measured level then sees no cold start."""
+    from specsweep.sweep import settle
+
+    with running_sim("--sim-profile", "tiny-fast", "--sim-cold-requests", "6", "--sim-cold-ttft-s", "0.25") as (url, _):
+        target = BenchTarget(base_url=url)
+        job = SweepJob(run_id="w2", config_name="w2", results=str(store), workload=WorkloadConfig(output_len=8),
+                       sweep=SweepConfig(num_requests=8, warmup_requests=0))
+        report = await settle(target, job)
+        assert report.settled and 6 < report.requests <= 12, report
+        assert report.ttft_ms[0] > 200 and all(t > 30 for t in report.ttft_ms[:6])
+        assert all(t < 30 for t in report.ttft_ms[6:])
+        row = await measure_level(target, job, Level(index=0, mode="concurrency", value=2))
+    assert row.ttft_ms_p99 is not None and row.ttft_ms_p99 < 100
