@@ -52,6 +52,7 @@ from specsweep.sweep import (
     run_levels,
     run_paired_levels,
 )
+from specsweep.tunnel import stop_marked_tunnels
 from tasks.benchmark import run_concurrency_benchmark, warm_up
 from tasks.blocks import aresolve_host, aresolve_profile, aresolve_secret, resolve_host
 from tasks.results import artifact_key, compare_configurations, fingerprint_environment, publish_configuration
@@ -167,7 +168,8 @@ async def configuration(profile: ServerProfile, host: Host, host_config: HostCon
                    storage=prepared.results.storage_options(), workload=settings.workload, sweep=settings.sweep)
     request = prepared.request if prepared.request.api_key or not profile.api_key else \
         prepared.request.model_copy(update={"api_key": profile.api_key})
-    base_url = host_config.http_url(profile.port)
+    base_url = host_config.http_url(profile.port) if host_config.traffic_mode == "direct" else \
+        f"tunnel to {profile.host}:{profile.port} on {host_config.label}"
     bench = run_concurrency_benchmark.with_options(**settings.stages.benchmark.task_options(),
                                                    result_storage=await result_storage(prepared.results))
     progress = await progress_bar(profile.name)
@@ -192,7 +194,7 @@ async def configuration(profile: ServerProfile, host: Host, host_config: HostCon
 
         @asynccontextmanager
         async def ready() -> AsyncIterator[Served]:
-            async with served(host, profile, settings.stages, request, base_url) as server:
+            async with served(host, host_config, profile, settings.stages, request, marker=str(_flow_run().id)) as server:
                 if not ready_s:
                     record.record_fingerprint(await fingerprint_environment(host, server.target))
                     record.update(time_to_ready_s=server.ready.time_to_ready_s)
@@ -241,6 +243,10 @@ def _flow_run() -> FlowRun:
     assert context is not None and context.flow_run is not None, "a benchmark runs inside a flow run"
     flow_run = context.flow_run
     return flow_run
+
+
+def flow_run_id() -> str:
+    return str(_flow_run().id)
 
 
 def run_id_for(profile: ServerProfile) -> str:
@@ -353,6 +359,9 @@ def cleanup_hook(servers: ServersOf) -> FlowStateHook[..., Any]:
         except Exception as exc:  # noqa: BLE001 - a hook must not raise
             log.error("cleanup of flow run %s: cannot rebuild its servers from the parameters: %s", flow_run.id, exc)
             return
+        stopped = stop_marked_tunnels(str(flow_run.id))
+        if stopped:
+            log.warning("cleanup after %s (%s): stopped its SSH tunnel process(es) %s", flow_run.name, state.name, stopped)
         with open_host(host_config) as host:
             for profile in profiles:
                 try:

@@ -8,7 +8,7 @@ and the skeleton the benchmark flows build on. The server is killed however the 
 # validates runs from the real annotation objects of a flow's signature.
 from prefect import flow
 
-from flows.pipeline import opened
+from flows.pipeline import flow_run_id, opened
 from specsweep.bench.config import RequestOptions
 from specsweep.health import HealthReport
 from specsweep.hosts import HostConfig
@@ -26,6 +26,5 @@ async def server_lifecycle(
 ) -> HealthReport:
     """Start the server, report how long it took to be ready, and kill it."""
     server = await aresolve_profile(profile)
-    async with opened(host) as h, served(h, server, stages, RequestOptions(),
-                                         host.http_url(server.port)) as ready:
+    async with opened(host) as h, served(h, host, server, stages, RequestOptions(), marker=str(flow_run_id())) as ready:
         return ready.ready

@@ -140,6 +140,7 @@ def server(
     from specsweep.health import wait_for_health
     from specsweep.hosts import open_host
     from specsweep.server_api import ServerAPI
+    from specsweep.tunnel import open_path
 
     _setup_logging()
     try:
@@ -161,11 +162,17 @@ def server(
                                       "start one with 'specsweep server start' or pass --handle-file")
                 sink = (lambda line: typer.echo(f"[server] {line}", err=True)) if follow_log else None
 
-                async def wait() -> Any:
-                    async with ServerAPI(cfg.http_url(prof.port), prof.api_key) as api:
-                        return await wait_for_health(h, prof, handle, api, timeout_s=timeout, on_log_line=sink)
+                path = open_path(h, cfg, prof.host, prof.port)
 
-                result = asyncio.run(wait())
+                async def wait() -> Any:
+                    async with ServerAPI(path.url, prof.api_key) as api:
+                        return await wait_for_health(h, prof, handle, api, path=path, timeout_s=timeout,
+                                                     on_log_line=sink)
+
+                try:
+                    result = asyncio.run(wait())
+                finally:
+                    path.close()
     except SpecsweepError as exc:
         _fail(exc)
     _echo_model(result)
@@ -232,7 +239,11 @@ def _csv_numbers(text: str | None, kind: type, name: str) -> list | None:
 
 @app.command("bench", context_settings={"help_option_names": ["-h", "--help"]})
 def bench(
-    url: Annotated[str, typer.Option(help="Base URL of a running server, e.g. http://127.0.0.1:30000.")],
+    url: Annotated[Optional[str], typer.Option(help="Base URL of a running server the client reaches directly, "
+                                               "e.g. http://127.0.0.1:30000.")] = None,
+    host_config: HostCfgOpt = None,
+    port: Annotated[Optional[int], typer.Option(help="With --host-config: the server's port on that host.")] = None,
+    bind: Annotated[str, typer.Option(help="With --host-config: the address the server listens on there.")] = "127.0.0.1",
     concurrency: Annotated[str, typer.Option(help="Closed-loop levels, comma-separated.")] = "1,8,64",
     request_rate: Annotated[Optional[str], typer.Option(help="Open-loop levels instead: requests/s, comma-separated.")] = None,
     num_prompts: Annotated[int, typer.Option(help="Measured requests per level.")] = 64,
@@ -260,16 +271,31 @@ def bench(
 
     from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
     from specsweep.fingerprint import server_fingerprint
+    from specsweep.hosts import open_host
     from specsweep.profiles import describe_validation_error
     from specsweep.records import LevelRow
     from specsweep.report import summary_table
     from specsweep.store import ResultsStore, new_run_id
     from specsweep.sweep import BenchTarget, RunRecorder, SweepJob, measure_level, new_run_row, points, run_levels
     from specsweep.sweep import repeats as fixed_repeats
+    from specsweep.tunnel import ServerPath, open_path
 
     _setup_logging(verbose=False)
     console = Console(stderr=True)
+    path: ServerPath | None = None
+    connection = None
+    host_label = "unknown"
     try:
+        if (url is None) == (host_config is None) or (host_config is not None and port is None):
+            raise ConfigError("give --url (a server the client reaches directly), or --host-config and --port (a "
+                              "server on that host, reached the way the flows reach it: an SSH tunnel for SSH hosts)")
+        if host_config is not None and port is not None:
+            cfg = _host_config(host_config, None, None, None, None, False)
+            connection = open_host(cfg)
+            path = open_path(connection, cfg, bind, port, expect_listening=True)
+            url, host_label = path.url, cfg.label
+            typer.echo(f"reaching port {port} on {cfg.label} through {path.how} ({url})", err=True)
+        assert url is not None
         try:
             api_key = os.environ.get(api_key_env) if api_key_env else None
             if api_key_env and not api_key:
@@ -287,7 +313,7 @@ def bench(
             raise ConfigError(describe_validation_error(exc, "benchmark options")) from None
         store.check_writable()
         levels = points(sweep)
-        with RunRecorder(store, job.run_id, new_run_row(config_name=name, engine=engine, job=job, host="unknown",
+        with RunRecorder(store, job.run_id, new_run_row(config_name=name, engine=engine, job=job, host=host_label,
                                                         base_url=url)) as record, \
                 Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                          console=console, transient=False) as progress:
@@ -310,6 +336,11 @@ def bench(
             rows = asyncio.run(sweep_all())
     except (SpecsweepError, RuntimeError) as exc:
         _fail(exc)
+    finally:
+        if path is not None:
+            path.close()
+        if connection is not None:
+            connection.close()
     _console().print(summary_table(rows, title=f"{name} ({url})"))
     typer.echo(f"run id: {job.run_id}")
     typer.echo(f"results: {store}/levels/run_id={job.run_id}/ (levels), requests/ and runs/ beside it")

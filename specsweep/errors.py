@@ -4,12 +4,14 @@
     ├── ConfigError              a parameter or profile is invalid (before any host is touched)
     ├── HostError                a host could not be reached or a command on it failed
     │   ├── HostKeyError         an SSH host key is unknown or changed
+    │   ├── TunnelError          the SSH tunnel to the server's port cannot open or is down
     │   └── CommandError         a command exited non-zero where success was required
     ├── StoreError               results could not be written or read
     └── ServerError              the server under test misbehaved
         ├── PortBusyError        the server's port is held by another process
         ├── ServerStartError     the launch itself failed (no pid, bad log path, ...)
         ├── ServerCrashedError   the server process died while starting
+        ├── ServerUnreachableError  the server listens on its host, but the client cannot reach it
         ├── HealthTimeoutError   the server did not become ready in time
         └── KillError            processes or the port survived a kill, or GPU memory stayed high
 
@@ -35,6 +37,10 @@ class HostKeyError(HostError):
     """An SSH host key is unknown or does not match known_hosts."""
 
 
+class TunnelError(HostError):
+    """The SSH tunnel that carries the client's HTTP to the server cannot open, or is down."""
+
+
 class CommandError(HostError):
     """A command on a host exited non-zero where success was required."""
 
@@ -58,6 +64,10 @@ class ServerStartError(ServerError):
 
 class ServerCrashedError(ServerError):
     """The server process exited while it was starting."""
+
+
+class ServerUnreachableError(ServerError):
+    """The host says the server's port listens, but the client's requests cannot reach it."""
 
 
 class HealthTimeoutError(ServerError):

@@ -18,11 +18,12 @@ from collections.abc import Callable
 import httpx
 from pydantic import BaseModel, Field
 
-from specsweep.errors import HealthTimeoutError, HostError, ServerCrashedError
+from specsweep.errors import HealthTimeoutError, HostError, ServerCrashedError, ServerUnreachableError
 from specsweep.hosts.base import Host
 from specsweep.lifecycle import LOG_TAIL_LINES, Logger, ServerHandle
 from specsweep.profiles import ServerProfile
 from specsweep.server_api import ServerAPI, reason
+from specsweep.tunnel import ServerPath
 
 _log = logging.getLogger(__name__)
 
@@ -88,17 +89,48 @@ async def _host_check(host: Host, follower: _LogFollower, handle: ServerHandle, 
         return None
 
 
+class _Unreachable:
+    """Says when the host reports the server's port listening while the client keeps failing to connect:
+    the server is up but not where the client looks (another bind address, a firewall)."""
+
+    CHECK_EVERY_S = 1.0
+    CHECKS = 3
+
+    def __init__(self, host: Host, port: int) -> None:
+        self.host, self.port = host, port
+        self.seen = 0
+        self.next_at = 0.0
+
+    def reset(self) -> None:
+        self.seen = 0
+
+    async def listening_yet_unreachable(self) -> bool:
+        now = time.monotonic()
+        if now < self.next_at:
+            return False
+        self.next_at = now + self.CHECK_EVERY_S
+        try:
+            listening = await asyncio.to_thread(self.host.port_listening, self.port)
+        except HostError:
+            return False
+        self.seen = self.seen + 1 if listening else 0
+        return self.seen >= self.CHECKS
+
+
 async def wait_for_health(
     host: Host,
     profile: ServerProfile,
     handle: ServerHandle,
     api: ServerAPI,
     *,
+    path: ServerPath | None = None,
     timeout_s: float | None = None,
     logger: Logger | None = None,
     on_log_line: Callable[[str], None] | None = None,
 ) -> HealthReport:
-    """Poll until the server is ready; raise ServerCrashedError or HealthTimeoutError otherwise."""
+    """Poll until the server is ready; raise ServerCrashedError, ServerUnreachableError or
+    HealthTimeoutError otherwise. ``path``: the client's way to the server (a tunnel is reported
+    as down, apart from the server not being ready yet)."""
     log = logger or _log
     redact = profile.redactor()
     timeout_s = profile.startup_timeout_s if timeout_s is None else timeout_s
@@ -111,6 +143,8 @@ async def wait_for_health(
     next_check = start
     attempts = 0
     last = "no attempt yet"
+    unreachable = _Unreachable(host, profile.port)
+    tunnel_was_down = False
 
     async def log_tail() -> str:
         try:
@@ -132,15 +166,34 @@ async def wait_for_health(
                     f"{now - start:.1f} s into the wait. Last lines of {handle.log_path}:\n{await log_tail()}"
                 )
             next_check = now + PROCESS_CHECK_S
+            down = path.problem() if path is not None else None
+            if down and not tunnel_was_down:
+                log.warning("the tunnel to %s is down: %s (this is not the server: it is being reopened)",
+                            profile.name, down)
+            elif tunnel_was_down and not down:
+                log.info("the tunnel to %s is up again", profile.name)
+            tunnel_was_down = bool(down)
         if now >= next_poll:
             attempts += 1
             try:
                 status = await api.status(profile.health_path)
                 last = f"HTTP {status}"
+                refused = False
             except httpx.HTTPError as exc:
                 status = None
                 last = reason(exc)
+                # Refused, or closed at once (a tunnel whose far end cannot connect); not a slow answer.
+                refused = isinstance(exc, (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError))
             elapsed = time.monotonic() - start
+            if refused and not tunnel_was_down and await unreachable.listening_yet_unreachable():
+                raise ServerUnreachableError(
+                    f"server {profile.name} listens on port {profile.port} on {host.label} (the host says so), but the "
+                    f"client cannot reach it at {api.base_url}{f' ({path.how})' if path else ''}: {last}. Check the "
+                    f"address it binds to (profile host {profile.host!r}: a tunnel delivers to that address on the "
+                    "host) and, for direct traffic, the firewall and http_address."
+                )
+            if status is not None:
+                unreachable.reset()
             if status == 200:
                 probe_ok = None
                 if profile.readiness_probe:

@@ -65,7 +65,8 @@ class ProfileParams(BaseModel):
         600.0, gt=0, le=6 * 3600, description="How long the server may take to become ready."
     )
     health_poll_max_interval_s: float = Field(
-        1.0, gt=0, le=60, description="Health polls start 50 ms apart and slow down to this interval."
+        0.15, gt=0, le=60, description="Health polls start 50 ms apart and slow down to this interval (readiness "
+        "is noticed within about half of it, on average)."
     )
     log_path: str | None = Field(
         None, description="Server log file on the host; default /tmp/specsweep/<name>-<port>.log."

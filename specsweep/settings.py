@@ -21,7 +21,9 @@ class SGLangSettings(BaseModel):
     draft_model_path: str = Field("lightseekorg/kimi-k2.5-eagle3", description="EAGLE-3 draft model path or hub id.")
     tp: int = Field(8, ge=1, le=64, description="Tensor parallel size (--tp).")
     port: int = Field(30000, ge=1, le=65535, description="Server port.")
-    bind_host: str = Field("0.0.0.0", description="Address the server binds to.")
+    bind_host: str = Field("127.0.0.1", description="Address the server binds to on the GPU host (SGLang's own "
+                           "default; the client reaches it through an SSH tunnel). 0.0.0.0 exposes it to the "
+                           "host's whole network.")
     num_steps: int = Field(3, ge=1, le=16, description="--speculative-num-steps.")
     eagle_topk: int = Field(1, ge=1, le=16, description="--speculative-eagle-topk.")
     num_draft_tokens: int | None = Field(None, ge=2, description="--speculative-num-draft-tokens; default steps + 1 for topk 1.")

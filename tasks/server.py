@@ -11,6 +11,7 @@ override them with ``.with_options`` from the ``stages`` parameter.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -20,12 +21,13 @@ from prefect.cache_policies import NO_CACHE
 
 from specsweep import health, lifecycle
 from specsweep.bench.config import RequestOptions
-from specsweep.hosts import Host
+from specsweep.hosts import Host, HostConfig
 from specsweep.lifecycle import KillReport, ServerHandle
 from specsweep.profiles import ServerProfile
 from specsweep.server_api import ServerAPI
 from specsweep.stages import LifecycleOptions
 from specsweep.sweep import BenchTarget
+from specsweep.tunnel import ServerPath, open_path
 from tasks._common import retry_transient, run_logger
 
 
@@ -52,13 +54,21 @@ async def start_server(host: Host, profile: ServerProfile, kill_port_holder: boo
 
 
 @task(name="wait_for_health", cache_policy=NO_CACHE, retries=0)
-async def wait_for_health(host: Host, profile: ServerProfile, handle: ServerHandle, base_url: str,
+async def wait_for_health(host: Host, profile: ServerProfile, handle: ServerHandle, path: ServerPath,
                           timeout_s: float | None = None) -> health.HealthReport:
     """Poll the health path until ready, forwarding new server log lines into the run log."""
     logger = run_logger(profile, host)
-    async with ServerAPI(base_url, profile.api_key) as api:
-        return await health.wait_for_health(host, profile, handle, api, timeout_s=timeout_s, logger=logger,
+    async with ServerAPI(path.url, profile.api_key) as api:
+        return await health.wait_for_health(host, profile, handle, api, path=path, timeout_s=timeout_s, logger=logger,
                                             on_log_line=lambda line: logger.info("[server] %s", line))
+
+
+@task(name="open_server_path", cache_policy=NO_CACHE, persist_result=False, retries=0, timeout_seconds=120)
+async def open_server_path(host: Host, config: HostConfig, profile: ServerProfile, marker: str) -> ServerPath:
+    """The client's way to the server: for an SSH host, a tunnel over SSH to the server's port there."""
+    path = await asyncio.to_thread(open_path, host, config, profile.host, profile.port, marker=marker)
+    run_logger(profile, host).info("%s: the client reaches it at %s (%s)", profile.name, path.url, path.how)
+    return path
 
 
 @dataclass
@@ -70,34 +80,53 @@ class Served:
     handle: ServerHandle
     ready: health.HealthReport
     target: BenchTarget
+    path: ServerPath
+
+    PATH_WAIT_S = 30.0
 
     async def check(self, when: str) -> None:
-        """Raise ServerCrashedError (with its log's last lines) if the server process is gone."""
+        """After a block with failures: wait (a while) for a tunnel that is down to come back, so that
+        the next block does not fail for the link alone; then raise ServerCrashedError (with its log's
+        last lines) if the server process is gone."""
+        if (down := self.path.problem()) is not None:
+            logger = run_logger(self.profile, self.host)
+            logger.warning("the tunnel to %s is down %s (%s): waiting up to %.0f s for it before the next block",
+                           self.profile.name, when, down, self.PATH_WAIT_S)
+            deadline = time.monotonic() + self.PATH_WAIT_S
+            while self.path.problem() is not None and time.monotonic() < deadline:
+                await asyncio.sleep(0.2)
+            logger.info("the tunnel to %s is %s", self.profile.name, "up again" if self.path.problem() is None else
+                        "still down: going on")
         await asyncio.to_thread(lifecycle.raise_if_exited, self.host, self.profile, self.handle, when)
 
 
 @asynccontextmanager
-async def served(host: Host, profile: ServerProfile, stages: LifecycleOptions, request: RequestOptions,
-                 base_url: str) -> AsyncIterator[Served]:
-    """kill leftovers → start → wait until ready; and, however the block ends, the final kill.
+async def served(host: Host, config: HostConfig, profile: ServerProfile, stages: LifecycleOptions,
+                 request: RequestOptions, *, marker: str) -> AsyncIterator[Served]:
+    """kill leftovers → the client's path (a tunnel for an SSH host) → start → wait until ready; and,
+    however the block ends, the final kill and the path closed.
 
     A final kill that cannot reach the server is an error of its own (the server may still be
-    running); when the block failed already, it is added to that error as a note.
+    running); when the block failed already, it is added to that error as a note. ``marker``
+    names this run's tunnels, for the cleanup hooks of a run that crashed.
     """
     kill = kill_server.with_options(**stages.kill.task_options())
     await kill(host, profile)
     handle = None
+    path = await open_server_path(host, config, profile, marker)
     try:
         handle = await start_server.with_options(**stages.start.task_options())(host, profile, stages.kill_port_holder)
-        ready = await wait_for_health.with_options(**stages.wait.task_options())(host, profile, handle, base_url)
-        target = BenchTarget(base_url=base_url, request=request, engine=profile.engine)
-        yield Served(host, profile, handle, ready, target)
+        ready = await wait_for_health.with_options(**stages.wait.task_options())(host, profile, handle, path)
+        target = BenchTarget(base_url=path.url, request=request, engine=profile.engine)
+        yield Served(host, profile, handle, ready, target, path)
     except BaseException as exc:
         problem = await _final_kill(kill, host, profile, handle)
+        await asyncio.to_thread(path.close)
         if problem is not None:
             exc.add_note(f"the server may still be running: {problem}")
         raise
     problem = await _final_kill(kill, host, profile, handle)
+    await asyncio.to_thread(path.close)
     if problem is not None:
         raise problem
 

@@ -59,11 +59,20 @@ class HostConfig(BaseModel):
         description="Name of a saved ssh-host block: the host's login details and key come from it (kept in "
         "Prefect, out of the run's parameters). Leave the other fields empty when you name one.",
     )
+    traffic: Literal["tunnel", "direct"] | None = Field(
+        None,
+        description="How the client's HTTP reaches the server: tunnel, a port forward over SSH (through the jump "
+        "host), to the server's address on the host (the default for SSH hosts: servers on the host's 127.0.0.1 "
+        "are reachable); direct, to http_address (for hosts the client can route to; the default for local ones).",
+    )
     http_address: str | None = Field(
         None,
-        description="Address the benchmark client uses to reach the server's port; "
-        "default 127.0.0.1 for local hosts and the SSH hostname for remote ones.",
+        description="Address the benchmark client uses to reach the server's port when traffic is direct; "
+        "default 127.0.0.1 for local hosts. Giving one for an SSH host makes its traffic direct.",
     )
+    tunnel_client: Literal["auto", "openssh", "paramiko"] = Field(
+        "auto", description="Which SSH client carries the tunnel: openssh (ssh -L; fast), paramiko (no ssh binary "
+        "needed; takes keys with a passphrase), auto (openssh where installed and no passphrase is needed).")
 
     @model_validator(mode="after")
     def _ssh_needs_endpoint(self) -> HostConfig:
@@ -71,18 +80,28 @@ class HostConfig(BaseModel):
             raise ValueError("kind is 'ssh' but no 'ssh' login details were given: add ssh.hostname (and user, key)")
         if self.block is not None and (self.kind != "local" or self.ssh is not None or self.jump is not None):
             raise ValueError(f"block {self.block!r} names the host's settings: leave kind, ssh and jump empty")
+        if self.kind == "ssh" and self.traffic == "direct" and not self.http_address:
+            raise ValueError("traffic is 'direct' for an SSH host but http_address is empty: give the address the "
+                             "client reaches the server at, or use traffic 'tunnel'")
         if self.kind == "local" and (self.ssh is not None or self.jump is not None):
             raise ValueError("ssh/jump settings were given but kind is 'local': set kind to 'ssh' or drop them")
         return self
 
     @property
+    def traffic_mode(self) -> Literal["tunnel", "direct"]:
+        if self.traffic is not None:
+            return self.traffic
+        return "direct" if self.kind == "local" or self.http_address else "tunnel"
+
+    @property
     def address(self) -> str:
+        """Where direct traffic goes."""
         if self.http_address:
             return self.http_address
         return self.ssh.hostname if self.kind == "ssh" and self.ssh else "127.0.0.1"
 
     def http_url(self, port: int) -> str:
-        """Where the benchmark client reaches a server listening on ``port`` of this host."""
+        """Where direct traffic reaches a server listening on ``port`` of this host."""
         return f"http://{self.address}:{port}"
 
     @property

@@ -190,6 +190,27 @@ class SSHHost(Host):
                 self.logger.warning("SSH connection to %s dropped; reconnecting once", self.label)
             return self._connect()
 
+    def transport(self, *, reconnect: bool = False) -> paramiko.Transport:
+        """The live SSH transport (connecting, or reconnecting once, as needed): tunnels open channels on it."""
+        return self._transport(reconnect=reconnect)
+
+    def current_transport(self) -> paramiko.Transport | None:
+        """The transport as it is, without connecting."""
+        return self._client.get_transport() if self._client else None
+
+    def verified_host_keys(self) -> list[str]:
+        """known_hosts lines of the host keys this connection verified (the target's and the jump host's),
+        so that other SSH clients of this run trust exactly those."""
+        self._transport()
+        lines = []
+        for client, ep in ((self._client, self.endpoint), (self._jump_client, self.jump)):
+            transport = client.get_transport() if client else None
+            if transport is None or ep is None:
+                continue
+            key = transport.get_remote_server_key()
+            lines.append(f"{_known_name(ep)} {key.get_name()} {key.get_base64()}")
+        return lines
+
     def _drop(self) -> None:
         for client in (self._client, self._jump_client):
             if client is not None:

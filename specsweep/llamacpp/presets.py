@@ -52,7 +52,7 @@ def _profile(name: str, argv: list[str], port: int) -> ServerProfile:
             "port": port,
             "health_path": "/health",
             "startup_timeout_s": 120.0,
-            "health_poll_max_interval_s": 0.5,
+            "health_poll_max_interval_s": 0.15,
             "kill_grace_s": 5.0,
         }
     )

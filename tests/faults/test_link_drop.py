@@ -73,7 +73,8 @@ def remote(tmp_path_factory: pytest.TempPathFactory, ssh_keys: tuple[Path, str])
 
 
 def sim_profile(tmp_path: Path, startup_s: float) -> ServerProfile:
-    profile = sglang_baseline("/models/kimi", host="0.0.0.0", port=SERVER_PORT, simulate=True,  # type: ignore[arg-type]
+    # On the remote host's loopback, as SGLang binds by default: the client reaches it through the SSH tunnel.
+    profile = sglang_baseline("/models/kimi", port=SERVER_PORT, simulate=True,  # type: ignore[arg-type]
                               sim_profile="tiny-fast", sim_startup_s=startup_s)
     return profile.model_copy(update={"startup_timeout_s": 60.0, "health_poll_max_interval_s": 0.5,
                                       "log_path": str(tmp_path / "server.log")})

@@ -27,26 +27,38 @@ class NetnsHost:
     host_addr: str
     addr: str
 
+    parent: str | None = None  # the namespace our end of the link is in (None: this machine's own)
+
     @classmethod
-    def create(cls) -> NetnsHost:
+    def create(cls, behind: NetnsHost | None = None) -> NetnsHost:
+        """A host linked to this machine, or only to ``behind`` (then this machine cannot reach it: a
+        namespace does not forward packets, so ``behind`` is its only way in, as a bastion is)."""
         tag = f"{os.getpid() % 10000}{random.randrange(100):02d}"
         name, host_if, ns_if = f"ssw{tag}", f"sswh{tag}", f"sswn{tag}"
         a, b = random.randrange(64, 250), random.randrange(0, 250)
         host_addr, addr = f"10.{a}.{b}.1", f"10.{a}.{b}.2"
+        parent = behind.name if behind else None
+        near = ("netns", "exec", parent, "ip") if parent else ()
         _ip("netns", "add", name)
         try:
             _ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if)
             _ip("link", "set", ns_if, "netns", name)
-            _ip("addr", "add", f"{host_addr}/30", "dev", host_if)
-            _ip("link", "set", host_if, "up")
+            if parent:
+                _ip("link", "set", host_if, "netns", parent)
+            _ip(*near, "addr", "add", f"{host_addr}/30", "dev", host_if)
+            _ip(*near, "link", "set", host_if, "up")
             _ip("netns", "exec", name, "ip", "addr", "add", f"{addr}/30", "dev", ns_if)
             _ip("netns", "exec", name, "ip", "link", "set", ns_if, "up")
             _ip("netns", "exec", name, "ip", "link", "set", "lo", "up")
+            if parent:
+                # Only through `behind`: it does not route for us, and this machine has no way of its own.
+                subprocess.run(["ip", "netns", "exec", parent, "sysctl", "-qw", "net.ipv4.ip_forward=0"], check=False)
+                _ip("route", "replace", "unreachable", f"{addr}/32")
         except subprocess.CalledProcessError as exc:
-            _ip("link", "del", host_if, check=False)
+            _ip(*near, "link", "del", host_if, check=False)
             _ip("netns", "del", name, check=False)
             raise RuntimeError(f"cannot build the test network host: {exc.stderr}") from None
-        return cls(name, host_if, ns_if, host_addr, addr)
+        return cls(name, host_if, ns_if, host_addr, addr, parent)
 
     def cut(self) -> None:
         """Take the link down on the far side, as a pulled cable: our route stays (marked
@@ -56,9 +68,10 @@ class NetnsHost:
 
     def restore(self) -> None:
         self._ns_ip("link", "set", self.ns_if, "up")
+        near = ("netns", "exec", self.parent, "ip") if self.parent else ()
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:  # wait for the carrier on our side
-            if "linkdown" not in _ip("route", "show", "dev", self.host_if).stdout:
+            if "linkdown" not in _ip(*near, "route", "show", "dev", self.host_if).stdout:
                 return
             time.sleep(0.05)
 
@@ -76,5 +89,8 @@ class NetnsHost:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        _ip("link", "del", self.host_if, check=False)
+        near = ("netns", "exec", self.parent, "ip") if self.parent else ()
+        _ip(*near, "link", "del", self.host_if, check=False)
+        if self.parent:
+            _ip("route", "del", "unreachable", f"{self.addr}/32", check=False)
         _ip("netns", "del", self.name, check=False)

@@ -48,16 +48,19 @@ async def test_startup_crash_fails_flow_with_log_tail(make_toy: MakeToy) -> None
 
 
 async def test_tasks_over_ssh(ssh_host_config: HostConfig, make_toy: MakeToy) -> None:
-    from tasks.server import kill_server, start_server, wait_for_health
+    from tasks.server import kill_server, open_server_path, start_server, wait_for_health
 
     profile = make_toy("--spawn-grandchild")
 
     @flow
     async def over_ssh() -> list[int]:
         host = open_host(ssh_host_config)
+        path = await open_server_path(host, ssh_host_config, profile, "test")
+        assert path.tunnel is not None  # an SSH host's server is reached through a tunnel
         handle = await start_server(host, profile)
-        await wait_for_health(host, profile, handle, ssh_host_config.http_url(profile.port))
+        await wait_for_health(host, profile, handle, path)
         report = await kill_server(host, profile, handle)
+        path.close()
         host.close()
         assert get_run_context() is not None
         return [k.pid for k in report.killed]

@@ -1,0 +1,264 @@
+"""Servers on the GPU host's loopback, reached the way operators reach them: through SSH.
+
+The GPU host is a network namespace with its own sshd; the server (the simulator) binds that
+namespace's 127.0.0.1, so nothing but SSH reaches it. In the second topology the GPU host
+sits behind a bastion, another namespace: this machine reaches the GPU host only through
+the bastion.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from prefect.deployments import run_deployment
+
+from flows.benchmark_config import benchmark_config
+from flows.compare_speculation import compare_speculation
+from specsweep.decision import DecisionConfig
+from specsweep.hosts import HostConfig, SSHEndpoint
+from specsweep.presets import sglang_baseline, sglang_eagle3
+from specsweep.profiles import ServerProfile
+from specsweep.settings import BenchmarkSettings
+from specsweep.tunnel import TUNNEL_MARKER_ENV
+from tests.conftest import REPO, pids_with_marker
+from tests.helpers.logs import flow_logs
+from tests.helpers.netns import NetnsHost
+from tests.helpers.runner import serving, wait_for_deployment, wait_for_state
+from tests.helpers.sshd import SSHServer, start_sshd
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+SSH_PORT = 2222
+
+
+@dataclass
+class Gpu:
+    net: NetnsHost
+    sshd: SSHServer
+    host: HostConfig
+
+
+def endpoint(net: NetnsHost, sshd: SSHServer, key: Path, known: Path) -> SSHEndpoint:
+    return SSHEndpoint(hostname=net.addr, port=SSH_PORT, user=sshd.user, key_path=key, known_hosts=known,
+                       use_agent=False, connect_timeout_s=3, keepalive_s=2)
+
+
+@pytest.fixture(scope="module")
+def gpu(tmp_path_factory: pytest.TempPathFactory, ssh_keys: tuple[Path, str]) -> Iterator[Gpu]:
+    """A GPU host this machine reaches directly, by SSH."""
+    net = NetnsHost.create()
+    try:
+        d = tmp_path_factory.mktemp("gpu-sshd")
+        sshd = start_sshd(d, [ssh_keys[1]], address=net.addr, port=SSH_PORT, netns=net.name)
+        known = d / "known_hosts"
+        known.write_text(sshd.known_hosts_line() + "\n")
+        yield Gpu(net, sshd, HostConfig(kind="ssh", ssh=endpoint(net, sshd, ssh_keys[0], known)))
+        sshd.stop()
+    finally:
+        net.destroy()
+
+
+@pytest.fixture(scope="module")
+def behind_bastion(tmp_path_factory: pytest.TempPathFactory, ssh_keys: tuple[Path, str]) -> Iterator[Gpu]:
+    """A GPU host reachable only from a bastion (a second namespace between it and this machine)."""
+    bastion = NetnsHost.create()
+    inner = NetnsHost.create(behind=bastion)
+    try:
+        d = tmp_path_factory.mktemp("bastion-sshd")
+        b_sshd = start_sshd(d / "b", [ssh_keys[1]], address=bastion.addr, port=SSH_PORT, netns=bastion.name)
+        g_sshd = start_sshd(d / "g", [ssh_keys[1]], address=inner.addr, port=SSH_PORT, netns=inner.name)
+        known = d / "known_hosts"
+        # The inner host's key is known under its own address (as seen from the bastion).
+        known.write_text(b_sshd.known_hosts_line() + "\n" + g_sshd.known_hosts_line() + "\n")
+        with socket.socket() as probe:  # the inner host is out of this machine's reach
+            probe.settimeout(1)
+            assert probe.connect_ex((inner.addr, SSH_PORT)) != 0
+        host = HostConfig(kind="ssh", ssh=endpoint(inner, g_sshd, ssh_keys[0], known),
+                          jump=endpoint(bastion, b_sshd, ssh_keys[0], known))
+        yield Gpu(inner, g_sshd, host)
+        g_sshd.stop()
+        b_sshd.stop()
+    finally:
+        inner.destroy()
+        bastion.destroy()
+
+
+def tunnels_left() -> list[int]:
+    """ssh processes of specsweep tunnels still running on this machine."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if any(v.startswith(f"{TUNNEL_MARKER_ENV}=".encode()) for v in f.read().split(b"\0")):
+                    found.append(int(entry))
+        except OSError:
+            pass
+    return [p for p in found if Path(f"/proc/{p}/stat").exists()
+            and Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")]
+
+
+def sim_pair(port: int, tmp_path: Path) -> tuple[ServerProfile, ServerProfile]:
+    common = dict(port=port, simulate=True, sim_profile="tiny-fast", sim_startup_s=0.3, tp=8)
+    base = sglang_baseline("/models/kimi", **common)  # type: ignore[arg-type]  # binds 127.0.0.1: SGLang's default
+    spec = sglang_eagle3("/models/kimi", "/models/eagle3", **common)  # type: ignore[arg-type]
+    return tuple(p.model_copy(update={"startup_timeout_s": 60.0, "log_path": str(tmp_path / f"{p.name}.log")})
+                 for p in (base, spec))  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("topology", ["gpu", "behind_bastion"])
+async def test_comparison_of_a_loopback_server_through_a_tunnel(topology: str, request: pytest.FixtureRequest,
+                                                                tmp_path: Path) -> None:
+    remote: Gpu = request.getfixturevalue(topology)
+    base, spec = sim_pair(30000, tmp_path)
+    assert base.host == "127.0.0.1"
+    state = await compare_speculation(
+        base, spec, host=remote.host, return_state=True,
+        benchmark=BenchmarkSettings(sweep={"concurrency": [1, 16], "num_requests": 12, "warmup_requests": 1},  # type: ignore[arg-type]
+                                    workload={"input_len": 8, "output_len": 48}, results=str(tmp_path / "results")),  # type: ignore[arg-type]
+        decision=DecisionConfig(max_requests_per_level=60),
+    )
+    assert state.is_completed(), state.message
+    comp = (await state.result()).comparison
+    # The simulated crossover, measured through the tunnel: ahead for one stream, behind at 16.
+    assert comp.levels[0].ratio > comp.levels[1].ratio and comp.levels[1].verdict == "slower", comp.levels
+    logs = "\n".join(await flow_logs(state.state_details.flow_run_id))
+    assert "the client reaches it at http://127.0.0.1:" in logs and "OpenSSHTunnel to 127.0.0.1:30000" in logs
+    assert tunnels_left() == [] and [p for p in pids_with_marker(30000) if p in remote.net.pids()] == []
+
+
+async def test_a_host_whose_sshd_refuses_forwarding_fails_fast_and_says_so(
+        tmp_path: Path, ssh_keys: tuple[Path, str]) -> None:
+    sshd = start_sshd(tmp_path / "sshd", [ssh_keys[1]], allow_forwarding=False)
+    known = tmp_path / "known_hosts"
+    known.write_text(sshd.known_hosts_line() + "\n")
+    host = HostConfig(kind="ssh", ssh=SSHEndpoint(hostname=sshd.address, port=sshd.port, user=sshd.user,
+                                                  key_path=ssh_keys[0], known_hosts=known, use_agent=False))
+    base, _ = sim_pair(30123, tmp_path)
+    try:
+        t0 = time.monotonic()
+        state = await benchmark_config(base, host=host, return_state=True,
+                                       benchmark={"results": str(tmp_path / "results")})  # type: ignore[arg-type]
+        took = time.monotonic() - t0
+    finally:
+        sshd.stop()
+    assert state.is_failed()
+    message = state.message or ""
+    assert "refuses TCP forwarding" in message and "AllowTcpForwarding" in message and sshd.address in message
+    assert took < 30 and not (tmp_path / "results" / "levels").exists()  # before any level, and no server started
+    assert pids_with_marker(30123) == [] and tunnels_left() == []
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "specsweep.cli", *args], capture_output=True, text=True, timeout=120,
+                          cwd=REPO)
+
+
+def test_forwarding_refused_is_said_within_seconds(tmp_path: Path, ssh_keys: tuple[Path, str]) -> None:
+    sshd = start_sshd(tmp_path / "sshd", [ssh_keys[1]], allow_forwarding=False)
+    known = tmp_path / "known_hosts"
+    known.write_text(sshd.known_hosts_line() + "\n")
+    config = tmp_path / "host.json"
+    config.write_text(HostConfig(kind="ssh", ssh=SSHEndpoint(hostname=sshd.address, port=sshd.port, user=sshd.user,
+                                                             key_path=ssh_keys[0], known_hosts=known,
+                                                             use_agent=False)).model_dump_json())
+    try:
+        t0 = time.monotonic()
+        out = cli("bench", "--host-config", str(config), "--port", "30124")
+        took = time.monotonic() - t0
+    finally:
+        sshd.stop()
+    assert out.returncode != 0 and took < 10 and "refuses TCP forwarding" in out.stderr, (took, out.stderr)
+    assert tunnels_left() == []
+
+
+def test_bench_through_the_tunnel_and_its_clear_errors(gpu: Gpu, tmp_path: Path, ssh_keys: tuple[Path, str]) -> None:
+    config = tmp_path / "gpu.json"
+    config.write_text(gpu.host.model_dump_json())
+    # Nothing listens on that port on the GPU host: said within seconds, naming the host and the port.
+    t0 = time.monotonic()
+    empty = cli("bench", "--host-config", str(config), "--port", "30999", "--results", str(tmp_path / "r"))
+    assert empty.returncode != 0 and time.monotonic() - t0 < 10
+    assert f"nothing listens on 127.0.0.1:30999 on {gpu.sshd.user}@{gpu.net.addr}:{SSH_PORT}" in empty.stderr
+    # A refused key: named too.
+    wrong = tmp_path / "wrong_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(wrong)], check=True)
+    bad = tmp_path / "bad.json"
+    bad.write_text(gpu.host.model_copy(update={"ssh": gpu.host.ssh.model_copy(update={"key_path": wrong})})  # type: ignore[union-attr]
+                   .model_dump_json())
+    t0 = time.monotonic()
+    refused = cli("bench", "--host-config", str(bad), "--port", "30999")
+    assert refused.returncode != 0 and time.monotonic() - t0 < 10
+    assert "SSH authentication failed" in refused.stderr and f"port 30999 on {gpu.sshd.user}@{gpu.net.addr}" in refused.stderr
+    # A server on the GPU host's loopback, measured through the same path as the flows'.
+    proc = subprocess.Popen(["ip", "netns", "exec", gpu.net.name, sys.executable, "-m", "specsweep.sim", "--port",
+                             "30998", "--sim-profile", "tiny-fast", "--startup-s", "0.1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(2.0)
+        out = cli("bench", "--host-config", str(config), "--port", "30998", "--concurrency", "1,4", "--num-prompts", "8",
+                  "--output-len", "16", "--results", str(tmp_path / "r"))
+        assert out.returncode == 0, out.stderr
+        assert "through OpenSSHTunnel to 127.0.0.1:30998" in out.stderr and "C=4" in out.stdout
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert tunnels_left() == []
+
+
+async def test_a_server_that_listens_elsewhere_is_named_not_waited_for(gpu: Gpu, tmp_path: Path) -> None:
+    """It listens (the host says so), but on the namespace's outer address, not on the 127.0.0.1 the
+    profile says: the wait says so within seconds instead of waiting out its timeout."""
+    base, _ = sim_pair(30200, tmp_path)
+    argv = [a if a != "{host}" else gpu.net.addr for a in base.argv]
+    profile = base.model_copy(update={"argv": argv, "startup_timeout_s": 120.0})
+    t0 = time.monotonic()
+    state = await benchmark_config(profile, host=gpu.host, return_state=True,
+                                   benchmark={"results": str(tmp_path / "results")})  # type: ignore[arg-type]
+    assert state.is_failed() and time.monotonic() - t0 < 40
+    assert "listens on port 30200" in (state.message or "") and "cannot reach it" in (state.message or "")
+    assert tunnels_left() == [] and [p for p in pids_with_marker(30200) if p in gpu.net.pids()] == []
+
+
+async def test_a_crashed_flow_process_leaves_no_tunnel(gpu: Gpu, tmp_path: Path) -> None:
+    """SIGKILL of the flow process in the middle of a level: its tunnel dies with it, and the crash
+    hook (in the runner) stops the server on the GPU host."""
+    base, _ = sim_pair(30300, tmp_path)
+    params = {"profile": base.as_parameters(), "host": gpu.host.model_dump(mode="json"),
+              "benchmark": {"sweep": {"concurrency": [1], "num_requests": 100000, "warmup_requests": 1},
+                            "workload": {"input_len": 8, "output_len": 64}, "results": str(tmp_path / "results")}}
+    with serving("flows.benchmark_config", "benchmark_config", "tunnel-crash") as runner:
+        await wait_for_deployment("benchmark-config/tunnel-crash")
+        run = await run_deployment("benchmark-config/tunnel-crash", parameters=params, timeout=0)
+        for _ in range(240):  # until the server runs on the GPU host and the endless level is under way
+            if tunnels_left() and [p for p in pids_with_marker(30300) if p in gpu.net.pids()] and \
+                    "level C=1" in "\n".join(await flow_logs(run.id, until="level C=1")):
+                break
+            time.sleep(0.25)
+        assert tunnels_left()
+        with socket.socket() as outside:  # the server is on the GPU host's loopback: not reachable from here
+            outside.settimeout(1)
+            assert outside.connect_ex((gpu.net.addr, 30300)) != 0
+        children = [int(p) for p in os.popen(f"ps -o pid= --ppid {runner.pid}").read().split()]
+        for pid in children:
+            os.kill(pid, signal.SIGKILL)
+        crashed = await wait_for_state(run.id, {"Crashed", "Failed", "Cancelled"}, timeout=90)
+        assert crashed.state is not None and crashed.state.name == "Crashed", crashed.state
+        for _ in range(120):
+            if not tunnels_left() and not [p for p in pids_with_marker(30300) if p in gpu.net.pids()]:
+                break
+            time.sleep(0.25)
+    assert tunnels_left() == []
+    assert [p for p in pids_with_marker(30300) if p in gpu.net.pids()] == []
+    logs = "\n".join(await flow_logs(run.id, until="(Crashed): killed"))
+    assert "(Crashed): killed 1 process(es)" in logs
