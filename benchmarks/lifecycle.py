@@ -4,7 +4,8 @@
 
 Prints, for the toy server in tests/helpers (a real HTTP server process):
 - how long after the server turns healthy wait_for_health returns (the server prints the
-  monotonic time it starts answering 200; both share the machine's monotonic clock);
+  monotonic time it starts answering 200; both share the machine's monotonic clock; the
+  target is a median of at most 250 ms);
 - how long after a startup crash wait_for_health fails;
 - how long kill_server takes for a tree of three processes in two sessions.
 """
@@ -27,6 +28,7 @@ from specsweep.errors import ServerCrashedError  # noqa: E402
 from specsweep.health import wait_for_health  # noqa: E402
 from specsweep.hosts import LocalHost  # noqa: E402
 from specsweep.lifecycle import kill_server, start_server  # noqa: E402
+from specsweep.profiles import ServerProfile  # noqa: E402
 from specsweep.server_api import ServerAPI  # noqa: E402
 from tests.conftest import toy_profile  # noqa: E402
 
@@ -45,7 +47,8 @@ def pct(xs: list[float], q: float) -> float:
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=20)
-    ap.add_argument("--max-interval", type=float, default=1.0, help="health_poll_max_interval_s of the profile")
+    ap.add_argument("--max-interval", type=float, default=ServerProfile.model_fields["health_poll_max_interval_s"].default,
+                    help="health_poll_max_interval_s of the profile (default: the profile's own default)")
     ap.add_argument("--warmup", type=float, default=3.0, help="seconds the server answers 503 before 200")
     args = ap.parse_args()
     host = LocalHost()

@@ -1,10 +1,12 @@
 """What the SSH tunnel costs: direct against both tunnel clients, side by side, on the same server.
 
-    .venv/bin/python benchmarks/tunnel.py [--requests 1024] [--levels 1,64,256]
+    .venv/bin/python benchmarks/tunnel.py [--requests 1024] [--levels 1,64,256] [--ways direct,openssh,paramiko,on-host]
+        [--limit-s 90]
 
 A real OpenSSH server on loopback (started here, throwaway keys) is the "GPU host"; the
 simulator runs on 127.0.0.1. For each way in (direct; the OpenSSH client tunnel; the
-paramiko tunnel) and each level:
+paramiko tunnel; the load generator on the host, ``load_generator: host``, run over SSH with
+its records brought back) and each level:
 
 1. a zero-delay server ("instant": every token at once, one per SSE event): streamed output
    tok/s, relative to direct, and CPU per streamed token of the client process and of the
@@ -19,6 +21,7 @@ share of the work runs there instead. Nothing else should run on the machine mea
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import subprocess
 import sys
@@ -31,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from specsweep.bench.remote import HostLoadGenerator  # noqa: E402
 from specsweep.bench.config import RequestOptions, SweepConfig  # noqa: E402
 from specsweep.bench.runner import Load, run_async, run_level  # noqa: E402
 from specsweep.bench.workload import Prompt  # noqa: E402
@@ -63,7 +67,7 @@ def children(pid: int) -> list[int]:
 
 @contextmanager
 def ways_in(port: int) -> Iterator[dict[str, tuple[str, list[int]]]]:
-    """{"direct" | "openssh" | "paramiko": (base URL, pids whose CPU is the tunnel's)}."""
+    """{"direct" | "openssh" | "paramiko" | "on-host": (base URL, pids whose CPU is the tunnel's)}."""
     work = Path(tempfile.mkdtemp(prefix="specsweep-tunnel-bench-"))
     key = work / "id_ed25519"
     sshd = start_sshd(work / "sshd", [keygen(key)])
@@ -72,12 +76,16 @@ def ways_in(port: int) -> Iterator[dict[str, tuple[str, list[int]]]]:
     endpoint = SSHEndpoint(hostname=sshd.address, port=sshd.port, user=sshd.user, key_path=key, known_hosts=known,
                            use_agent=False)
     host = SSHHost(endpoint)
+    global ON_HOST
+    ON_HOST = HostLoadGenerator(host, sys.executable, f"http://127.0.0.1:{port}")
+    ON_HOST.check()
     tunnels: dict[str, Tunnel] = {c: open_tunnel(host, "127.0.0.1", port, client=c) for c in ("openssh", "paramiko")}
     ssh_pids = [t._proc.pid for t in tunnels.values() if getattr(t, "_proc", None)]  # type: ignore[attr-defined]
     try:
         yield {"direct": (f"http://127.0.0.1:{port}", []),
                "openssh": (tunnels["openssh"].url, ssh_pids + [sshd.proc.pid]),
-               "paramiko": (tunnels["paramiko"].url, [sshd.proc.pid])}
+               "paramiko": (tunnels["paramiko"].url, [sshd.proc.pid]),
+               "on-host": (f"http://127.0.0.1:{port}", [sshd.proc.pid])}
     finally:
         for t in tunnels.values():
             t.close()
@@ -85,13 +93,17 @@ def ways_in(port: int) -> Iterator[dict[str, tuple[str, list[int]]]]:
         sshd.stop()
 
 
+ON_HOST: HostLoadGenerator | None = None
+
+
 async def measure(url: str, level: int, requests: int, output_len: int, tunnel_pids: list[int],
-                  sshd_pid: int) -> dict[str, float]:
+                  sshd_pid: int, on_host: bool = False) -> dict[str, float]:
     sweep = SweepConfig(num_requests=requests, warmup_requests=min(64, level))
     load = Load(url, RequestOptions(), (Prompt("a short prompt", 3, False),), output_len, sweep)
     watched = tunnel_pids + children(sshd_pid)
     cpu0, tun0, t0 = time.process_time(), cpu_s(watched), time.perf_counter()
-    run = await run_level(load, Level(index=0, mode="concurrency", value=level))
+    lv = Level(index=0, mode="concurrency", value=level)
+    run = await ON_HOST.run(load, lv) if on_host and ON_HOST else await run_level(load, lv)
     watched_after = tunnel_pids + children(sshd_pid)
     m = level_metrics(run.records)
     tokens = max(1, m["output_tokens_total"])
@@ -105,6 +117,8 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=1024)
     ap.add_argument("--levels", default="1,64,256")
+    ap.add_argument("--ways", default="direct,openssh,paramiko,on-host", help="Which ways in to measure (direct first).")
+    ap.add_argument("--limit-s", type=float, default=90.0, help="Give up on one way in at one level after this long.")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     for profile, output_len in (("instant", 256), ("paced-5ms", 64)):
@@ -119,7 +133,14 @@ async def main() -> None:
                     n = args.requests if profile == "instant" else max(64, min(args.requests, level * 4))
                     direct = None
                     for name, (base, pids) in ways.items():
-                        r = await measure(base, level, n, output_len, pids[:-1] if pids else [], sshd_pid)
+                        if name not in args.ways.split(","):
+                            continue
+                        try:
+                            r = await asyncio.wait_for(measure(base, level, n, output_len, pids[:-1] if pids else [],
+                                                               sshd_pid, on_host=name == "on-host"), args.limit_s)
+                        except TimeoutError:
+                            print(f"  {name:<9} {level:>4} did not finish within {args.limit_s:.0f} s", flush=True)
+                            continue
                         direct = direct or r
                         print(f"  {name:<9} {level:>4} {r['tok_s']:>10,.0f} {r['tok_s'] / direct['tok_s']:>8.2f}x "
                               f"{r['ttft_p50']:>7.2f}ms {r['ttft_p50'] - direct['ttft_p50']:>+6.2f} {r['tpot_p50']:>7.3f}ms "

@@ -170,6 +170,8 @@ async def configuration(profile: ServerProfile, host: Host, host_config: HostCon
         prepared.request.model_copy(update={"api_key": profile.api_key})
     base_url = host_config.http_url(profile.port) if host_config.traffic_mode == "direct" else \
         f"tunnel to {profile.host}:{profile.port} on {host_config.label}"
+    if host_config.load_generator == "host":
+        base_url += f" (load generated on the host by {host_config.host_python})"
     bench = run_concurrency_benchmark.with_options(**settings.stages.benchmark.task_options(),
                                                    result_storage=await result_storage(prepared.results))
     progress = await progress_bar(profile.name)
@@ -206,7 +208,7 @@ async def configuration(profile: ServerProfile, host: Host, host_config: HostCon
 
             async def measure_restarted(level: Level) -> LevelRow:
                 async with ready() as server:
-                    row = await bench(server.target, job, level)
+                    row = await bench(server.target, job, level, server.path.on_host)
                     if row.failed:
                         await server.check(f"during level {level.label}")
                     return row
@@ -222,7 +224,7 @@ def bench_only(bench: Any, server: Served | None, job: SweepJob) -> Measure:
 
     async def measure(level: Level) -> LevelRow:
         assert server is not None, "a finished configuration measures nothing"
-        row: LevelRow = await bench(server.target, job, level)
+        row: LevelRow = await bench(server.target, job, level, server.path.on_host)
         return row
 
     return measure

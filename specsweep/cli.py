@@ -313,6 +313,7 @@ def bench(
             raise ConfigError(describe_validation_error(exc, "benchmark options")) from None
         store.check_writable()
         levels = points(sweep)
+        on_host = path.on_host if path is not None else None
         with RunRecorder(store, job.run_id, new_run_row(config_name=name, engine=engine, job=job, host=host_label,
                                                         base_url=url)) as record, \
                 Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -324,13 +325,16 @@ def bench(
                 bar = progress.add_task("requests", total=len(levels) * repeats * num_prompts)
 
                 async def level_done(row: LevelRow, done: int, total: int) -> None:
+                    if on_host is not None:  # the host's load generator reports whole levels
+                        progress.advance(bar, num_prompts)
                     progress.console.print(
                         f"level {row.label}: {row.output_tokens_per_s:.1f} output tok/s, TTFT median "
                         f"{(row.ttft_ms_median or 0):.1f} ms, {row.failed} failed"
                         + ("  [client was the bottleneck]" if row.client_bottleneck else ""))
 
                 return await run_levels(
-                    levels, lambda lv: measure_level(target, job, lv, on_request=lambda _r: progress.advance(bar)),
+                    levels,
+                    lambda lv: measure_level(target, job, lv, on_request=lambda _r: progress.advance(bar), on_host=on_host),
                     more=fixed_repeats(repeats), stop_at_saturation=stop_at_saturation, on_level=level_done)
 
             rows = asyncio.run(sweep_all())

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from specsweep import metrics
 from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
+from specsweep.bench.remote import HostLoadGenerator
 from specsweep.bench.runner import Load, run_level
 from specsweep.bench.workload import Prompt, build_prompts, server_tokenizer
 from specsweep.records import Level, LevelRow, Mode, RequestRecord, RunRow, RunStatus
@@ -106,8 +107,10 @@ async def measure_level(
     level: Level,
     *,
     on_request: Callable[[RequestRecord], None] | None = None,
+    on_host: HostLoadGenerator | None = None,
 ) -> LevelRow:
-    """Run one level, write it to the store (atomically) and return its row."""
+    """Run one level, write it to the store (atomically) and return its row. With ``on_host`` the level's
+    load runs on the server's host (its prompts prepared here, as always) and ``on_request`` is not called."""
     sweep = job.sweep
     count = sweep.num_requests if sweep.duration_s is None else max(sweep.num_requests, 256)
     # Fresh prompts for every level and repeat (seeded, so reruns send the same ones): a server
@@ -117,7 +120,10 @@ async def measure_level(
         model = target.request.model or await api.first_model()
         load = Load(base_url=target.base_url, request=target.request, prompts=await _prompts(api, model, workload, count),
                     output_len=workload.output_len, sweep=sweep, model=model, engine=target.engine)
-        run = await run_level(load, level, counters=api.spec_counters, on_request=on_request)
+        if on_host is not None:
+            run = await on_host.run(load, level)
+        else:
+            run = await run_level(load, level, counters=api.spec_counters, on_request=on_request)
     row = metrics.level_row(run, config_name=job.config_name)
     job.store().write_level(job.run_id, level.key, row, metrics.request_rows(run))
     return row

@@ -39,6 +39,7 @@ from typing import Literal
 
 import paramiko
 
+from specsweep.bench.remote import HostLoadGenerator
 from specsweep.errors import HostError, TunnelError
 from specsweep.hosts.base import Host
 from specsweep.hosts.config import HostConfig, SSHEndpoint
@@ -530,10 +531,12 @@ def open_tunnel(host: SSHHost, bind: str, port: int, *, client: TunnelClient = "
 
 
 class ServerPath:
-    """How the client reaches one server: its base URL, and the tunnel behind it, if any."""
+    """How the client reaches one server: its base URL, the tunnel behind it, if any, and the load
+    generator on the host when the levels run there."""
 
-    def __init__(self, url: str, tunnel: Tunnel | None = None, how: str = "direct") -> None:
-        self.url, self.tunnel, self.how = url, tunnel, how
+    def __init__(self, url: str, tunnel: Tunnel | None = None, how: str = "direct",
+                 on_host: HostLoadGenerator | None = None) -> None:
+        self.url, self.tunnel, self.how, self.on_host = url, tunnel, how, on_host
 
     def problem(self) -> str | None:
         """Why the path is down just now (a tunnel whose SSH side dropped), or None."""
@@ -547,12 +550,21 @@ class ServerPath:
 def open_path(host: Host, config: HostConfig, bind: str, port: int, *, marker: str = "",
               expect_listening: bool = False) -> ServerPath:
     """The client's way to a server on ``port`` of ``host`` (bound to ``bind``): a tunnel for an SSH
-    host (unless its traffic is direct), the address itself otherwise."""
+    host (unless its traffic is direct), the address itself otherwise. With ``load_generator: host``
+    the levels run on the host against the server's own address (checked here, before any level);
+    everything else still takes the path."""
+    on_host = None
+    if config.load_generator == "host" and isinstance(host, SSHHost):
+        local = "127.0.0.1" if bind in ("0.0.0.0", "::", "localhost", "") else bind
+        on_host = HostLoadGenerator(host, config.host_python, f"http://{local}:{port}")
+        on_host.check()
     if config.traffic_mode == "direct" or not isinstance(host, SSHHost):
-        return ServerPath(config.http_url(port))
+        return ServerPath(config.http_url(port), on_host=on_host)
     tunnel = open_tunnel(host, bind, port, client=config.tunnel_client, marker=marker,
                          expect_listening=expect_listening)
-    return ServerPath(tunnel.url, tunnel, f"{type(tunnel).__name__} to {tunnel.where}")
+    how = f"{type(tunnel).__name__} to {tunnel.where}" + (
+        f"; levels run on the host by {config.host_python}" if on_host else "")
+    return ServerPath(tunnel.url, tunnel, how, on_host)
 
 
 def stop_marked_tunnels(marker: str) -> list[int]:

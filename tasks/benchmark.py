@@ -1,7 +1,7 @@
 """run_concurrency_benchmark: one task per level, its result persisted where every worker reads it.
 
 The cache key is the task's inputs except the server's address (a retry may reach the
-same server through another local port), its source, and the flow run id: so a retried
+same server through another local port) and the load generator's connection, its source, and the flow run id: so a retried
 flow run reuses every level that finished, wherever it runs, and a new flow run always
 measures afresh. The level is written to the store by the task itself, as soon as it ends.
 """
@@ -11,24 +11,28 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE, RUN_ID, TASK_SOURCE, Inputs
 
+from specsweep.bench.remote import HostLoadGenerator
 from specsweep.records import Level, LevelRow
 from specsweep.sweep import BenchTarget, SweepJob, WarmUp, measure_level, settle
 from tasks._common import run_logger
 
-LEVEL_CACHE = Inputs(exclude=["target"]) + TASK_SOURCE + RUN_ID
+LEVEL_CACHE = Inputs(exclude=["target", "on_host"]) + TASK_SOURCE + RUN_ID
 
 
 @task(name="run_concurrency_benchmark", persist_result=True, cache_policy=LEVEL_CACHE,
       task_run_name="benchmark {job.config_name} {level}")
-async def run_concurrency_benchmark(target: BenchTarget, job: SweepJob, level: Level) -> LevelRow:
-    """Measure one level against the running server and store it; return its figures."""
+async def run_concurrency_benchmark(target: BenchTarget, job: SweepJob, level: Level,
+                                    on_host: HostLoadGenerator | None = None) -> LevelRow:
+    """Measure one level against the running server and store it; return its figures. ``on_host``: the
+    load generator on the server's host, when the host config puts it there."""
     logger = run_logger()
     if target.request.api_key:
         logger.redactor.add(target.request.api_key.get_secret_value())
     sweep, workload = job.sweep, job.workload
-    logger.info("%s: level %s (repeat %d) — %d requests, %d-token outputs, %d warm-up", job.config_name, level.label,
-                level.repeat, sweep.num_requests, workload.output_len, sweep.warmup_requests)
-    row = await measure_level(target, job, level)
+    logger.info("%s: level %s (repeat %d) — %d requests, %d-token outputs, %d warm-up%s", job.config_name, level.label,
+                level.repeat, sweep.num_requests, workload.output_len, sweep.warmup_requests,
+                f" — load generated on {on_host.host.label}" if on_host else "")
+    row = await measure_level(target, job, level, on_host=on_host)
     spec = f", accept length {row.spec_accept_length:.2f}" if row.spec_accept_length else ""
     spec += f", acceptance {row.spec_acceptance_rate:.0%}" if row.spec_acceptance_rate else ""
     logger.info(

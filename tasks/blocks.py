@@ -56,8 +56,8 @@ class SSHHostBlock(Block):
     http_address: str | None = Field(None, description="Address the benchmark client uses to reach the server port.")
 
     def host_config(self, named_by: HostConfig | None = None) -> HostConfig:
-        """The host as a flow uses it (``named_by``: the parameter that named this block; its
-        http_address, if set, is kept)."""
+        """The host as a flow uses it (``named_by``: the parameter that named this block; how its
+        traffic travels and where its load generator runs are kept, and its http_address if set)."""
         known = _known_hosts_file(self.known_hosts) if self.known_hosts else (
             Path(self.known_hosts_path) if self.known_hosts_path else None)
         common = dict(private_key=self.private_key, passphrase=self.passphrase, known_hosts=known,
@@ -67,7 +67,9 @@ class SSHHostBlock(Block):
                             **common)
                 if self.jump_hostname else None)
         address = named_by.http_address if named_by and named_by.http_address else self.http_address
-        return HostConfig(kind="ssh", ssh=target, jump=jump, http_address=address)
+        kept = named_by.model_dump(include={"traffic", "tunnel_client", "load_generator", "host_python"}) \
+            if named_by else {}
+        return HostConfig(kind="ssh", ssh=target, jump=jump, http_address=address, **kept)
 
 
 def resolve_host(host: HostConfig) -> HostConfig:

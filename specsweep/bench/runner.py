@@ -247,11 +247,25 @@ def run_async(coro: Any) -> Any:
         return asyncio.run(coro)
 
 
-def _worker_entry(load: Load, share: _Share) -> dict[str, Any]:
-    run = run_async(run_level_in_process(load, share))
+def run_to_wire(run: LevelRun) -> dict[str, Any]:
+    """A level's outcome as plain data, for crossing a process boundary (client worker processes, and
+    the load generator on the GPU host): its records and what the client measured of itself."""
     return {"records": [r.as_dict() for r in run.records], "cpu": run.client_cpu_s, "wall": run.client_wall_s,
             "lag_p99": run.loop_lag_p99_ms, "lag_max": run.loop_lag_max_ms, "started_at": run.started_at,
-            "connections": run.connections_opened}
+            "connections": run.connections_opened, "workers": run.workers, "spec_before": run.spec_before,
+            "spec_after": run.spec_after}
+
+
+def run_from_wire(level: Level, wire: dict[str, Any]) -> LevelRun:
+    return LevelRun(level, [RequestRecord(**row) for row in wire["records"]], wire["started_at"],
+                    client_cpu_s=wire["cpu"], client_wall_s=wire["wall"], loop_lag_p99_ms=wire["lag_p99"],
+                    loop_lag_max_ms=wire["lag_max"], workers=wire.get("workers", 1),
+                    spec_before=wire.get("spec_before", {}), spec_after=wire.get("spec_after", {}),
+                    connections_opened=wire["connections"])
+
+
+def _worker_entry(load: Load, share: _Share) -> dict[str, Any]:
+    return run_to_wire(run_async(run_level_in_process(load, share)))
 
 
 async def run_level(

@@ -90,9 +90,13 @@ class Host(ABC):
 
     @abstractmethod
     def run(
-        self, argv: Sequence[str], *, timeout: float | None = 60.0, check: bool = False, retry: bool = True
+        self, argv: Sequence[str], *, timeout: float | None = 60.0, check: bool = False, retry: bool = True,
+        input: bytes | None = None,
     ) -> CommandResult:
         """Run one command and wait for it. Output is drained before the exit code is read.
+
+        ``input``: bytes for the command's standard input (secrets travel this way, never on
+        its command line); without it, the input is empty.
 
         ``retry``: the command may run twice (it is idempotent), so a host reached over a
         network runs it again once if the connection drops under it.

@@ -73,6 +73,14 @@ class HostConfig(BaseModel):
     tunnel_client: Literal["auto", "openssh", "paramiko"] = Field(
         "auto", description="Which SSH client carries the tunnel: openssh (ssh -L; fast), paramiko (no ssh binary "
         "needed; takes keys with a passphrase), auto (openssh where installed and no passphrase is needed).")
+    load_generator: Literal["client", "host"] = Field(
+        "client", description="Where the load generator runs: client, on the machine running specsweep (its "
+        "requests through the tunnel); host, on the SSH host itself against the server's own address, its records "
+        "brought back (for fast servers at high concurrency, where a tunnel would set the pace). host needs "
+        "specsweep installed there (host_python).")
+    host_python: str = Field(
+        "python3", min_length=1, description="Interpreter on the SSH host with specsweep installed (load_generator "
+        "host), e.g. /opt/specsweep/bin/python.")
 
     @model_validator(mode="after")
     def _ssh_needs_endpoint(self) -> HostConfig:
@@ -83,6 +91,9 @@ class HostConfig(BaseModel):
         if self.kind == "ssh" and self.traffic == "direct" and not self.http_address:
             raise ValueError("traffic is 'direct' for an SSH host but http_address is empty: give the address the "
                              "client reaches the server at, or use traffic 'tunnel'")
+        if self.load_generator == "host" and self.kind != "ssh" and self.block is None:
+            raise ValueError("load_generator is 'host' but the host is local (the client already runs there): "
+                             "use load_generator 'client'")
         if self.kind == "local" and (self.ssh is not None or self.jump is not None):
             raise ValueError("ssh/jump settings were given but kind is 'local': set kind to 'ssh' or drop them")
         return self

@@ -14,12 +14,14 @@ class LocalHost(Host):
     label = "local"
 
     def run(
-        self, argv: Sequence[str], *, timeout: float | None = 60.0, check: bool = False, retry: bool = True
+        self, argv: Sequence[str], *, timeout: float | None = 60.0, check: bool = False, retry: bool = True,
+        input: bytes | None = None,
     ) -> CommandResult:
         argv = tuple(str(a) for a in argv)
         start = time.perf_counter()
         try:
-            proc = subprocess.run(argv, capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+            proc = subprocess.run(argv, capture_output=True, timeout=timeout, input=input,
+                                  stdin=subprocess.DEVNULL if input is None else None)
         except subprocess.TimeoutExpired as exc:
             raise HostError(f"{argv[0]} did not finish within {timeout} s on {self.label}") from exc
         except FileNotFoundError as exc:

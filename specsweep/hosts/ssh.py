@@ -238,12 +238,13 @@ class SSHHost(Host):
                 raise HostError(f"SSH connection to {self.label} is down and did not come back: {exc}") from None
 
     def run(
-        self, argv: Sequence[str], *, timeout: float | None = 60.0, check: bool = False, retry: bool = True
+        self, argv: Sequence[str], *, timeout: float | None = 60.0, check: bool = False, retry: bool = True,
+        input: bytes | None = None,
     ) -> CommandResult:
         argv = tuple(str(a) for a in argv)
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            result = self._run_once(argv, deadline, timeout)
+            result = self._run_once(argv, deadline, timeout, input=input)
         except _Dropped as exc:
             if not retry:
                 raise HostError(f"SSH connection to {self.label} dropped while running {argv[0]}: {exc}. "
@@ -251,13 +252,14 @@ class SSHHost(Host):
             self.logger.warning("SSH connection to %s dropped while running %s (%s); running it again",
                                 self.label, argv[0], exc)
             try:
-                result = self._run_once(argv, deadline, timeout, reconnect=True)
+                result = self._run_once(argv, deadline, timeout, reconnect=True, input=input)
             except _Dropped as again:
                 raise HostError(f"SSH connection to {self.label} dropped twice while running {argv[0]}: {again}") from None
         return self._raise_for(result) if check else result
 
     def _run_once(
-        self, argv: tuple[str, ...], deadline: float | None, timeout: float | None, *, reconnect: bool = False
+        self, argv: tuple[str, ...], deadline: float | None, timeout: float | None, *, reconnect: bool = False,
+        input: bytes | None = None,
     ) -> CommandResult:
         start = time.perf_counter()
         if reconnect:
@@ -269,6 +271,8 @@ class SSHHost(Host):
         out, err = bytearray(), bytearray()
         try:
             chan.exec_command(shlex.join(argv))
+            if input:
+                chan.sendall(input)
             chan.shutdown_write()
             chan.settimeout(0.05)
 

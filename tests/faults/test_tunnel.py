@@ -262,3 +262,69 @@ async def test_a_crashed_flow_process_leaves_no_tunnel(gpu: Gpu, tmp_path: Path)
     assert [p for p in pids_with_marker(30300) if p in gpu.net.pids()] == []
     logs = "\n".join(await flow_logs(run.id, until="(Crashed): killed"))
     assert "(Crashed): killed 1 process(es)" in logs
+
+
+def python_that_logs(tmp_path: Path) -> tuple[Path, Path]:
+    """An interpreter for the GPU host that notes each time it is run (then is this project's Python)."""
+    calls = tmp_path / "host-python-calls"
+    wrapper = tmp_path / "host-python"
+    wrapper.write_text(f"#!/bin/sh\necho \"$*\" >> {calls}\nexec {sys.executable} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return wrapper, calls
+
+
+async def test_levels_run_by_a_load_generator_on_the_host_behind_the_bastion(
+        behind_bastion: Gpu, tmp_path: Path) -> None:
+    """load_generator: host — each block runs on the GPU host against its loopback server; its records come
+    back and are stored like any level's. The comparison reaches the same verdicts."""
+    wrapper, calls = python_that_logs(tmp_path)
+    host = behind_bastion.host.model_copy(update={"load_generator": "host", "host_python": str(wrapper)})
+    base, spec = sim_pair(30400, tmp_path)
+    results = tmp_path / "results"
+    state = await compare_speculation(
+        base, spec, host=host, return_state=True,
+        benchmark=BenchmarkSettings(sweep={"concurrency": [1, 16], "num_requests": 12, "warmup_requests": 1},  # type: ignore[arg-type]
+                                    workload={"input_len": 8, "output_len": 48}, results=str(results)),  # type: ignore[arg-type]
+        decision=DecisionConfig(max_requests_per_level=60),
+    )
+    assert state.is_completed(), state.message
+    comp = (await state.result()).comparison
+    assert comp.levels[0].ratio > comp.levels[1].ratio and comp.levels[1].verdict == "slower", comp.levels
+    runs = calls.read_text().splitlines()
+    blocks = sum(sum(lv.blocks) for lv in comp.levels)
+    assert runs.count("-I -m specsweep.bench.remote --hello") >= 2  # checked before each server's levels
+    assert runs.count("-I -m specsweep.bench.remote") == blocks, (runs, blocks)
+    import pandas as pd
+    requests = pd.read_parquet(results / "requests")
+    assert len(requests[~requests["warmup"]]) == 12 * blocks and requests["error_type"].isna().all()
+    logs = "\n".join(await flow_logs(state.state_details.flow_run_id))
+    assert f"load generated on {behind_bastion.sshd.user}@{behind_bastion.net.addr}" in logs
+    assert tunnels_left() == [] and [p for p in pids_with_marker(30400) if p in behind_bastion.net.pids()] == []
+
+
+def test_bench_with_the_load_generator_on_the_host(gpu: Gpu, tmp_path: Path) -> None:
+    config = tmp_path / "gpu.json"
+    # No specsweep in the host's interpreter: said before any level, naming the field and the fix.
+    config.write_text(gpu.host.model_copy(update={"load_generator": "host", "host_python": "/usr/bin/python3"})
+                      .model_dump_json())
+    proc = subprocess.Popen(["ip", "netns", "exec", gpu.net.name, sys.executable, "-m", "specsweep.sim", "--port",
+                             "30997", "--sim-profile", "tiny-fast", "--startup-s", "0.1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(2.0)
+        missing = cli("bench", "--host-config", str(config), "--port", "30997", "--results", str(tmp_path / "r"))
+        assert missing.returncode != 0 and "host_python (/usr/bin/python3)" in missing.stderr
+        assert "No module named 'specsweep'" in missing.stderr and "load_generator to 'client'" in missing.stderr
+        assert not (tmp_path / "r" / "levels").exists()
+        wrapper, calls = python_that_logs(tmp_path)
+        config.write_text(gpu.host.model_copy(update={"load_generator": "host", "host_python": str(wrapper)})
+                          .model_dump_json())
+        out = cli("bench", "--host-config", str(config), "--port", "30997", "--concurrency", "1,8", "--num-prompts", "16",
+                  "--output-len", "16", "--results", str(tmp_path / "r"))
+        assert out.returncode == 0, out.stderr
+        assert "levels run on the host" in out.stderr and "C=8" in out.stdout
+        assert calls.read_text().splitlines().count("-I -m specsweep.bench.remote") == 2
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert tunnels_left() == []
