@@ -34,8 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from specsweep.bench.remote import HostLoadGenerator  # noqa: E402
 from specsweep.bench.config import RequestOptions, SweepConfig  # noqa: E402
+from specsweep.bench.remote import HostLoadGenerator  # noqa: E402
 from specsweep.bench.runner import Load, run_async, run_level  # noqa: E402
 from specsweep.bench.workload import Prompt  # noqa: E402
 from specsweep.hosts import SSHEndpoint, SSHHost  # noqa: E402
