@@ -54,10 +54,13 @@ async def start_server(host: Host, profile: ServerProfile, kill_port_holder: boo
 
 
 @task(name="wait_for_health", cache_policy=NO_CACHE, retries=0)
-async def wait_for_health(host: Host, profile: ServerProfile, handle: ServerHandle, path: ServerPath,
+async def wait_for_health(host: Host, profile: ServerProfile, handle: ServerHandle, path: ServerPath | str,
                           timeout_s: float | None = None) -> health.HealthReport:
-    """Poll the health path until ready, forwarding new server log lines into the run log."""
+    """Poll the health path until ready, forwarding new server log lines into the run log. ``path``: the
+    client's way to the server (``open_server_path``), or the URL of a server it reaches directly."""
     logger = run_logger(profile, host)
+    if isinstance(path, str):
+        path = ServerPath(path)
     async with ServerAPI(path.url, profile.api_key) as api:
         return await health.wait_for_health(host, profile, handle, api, path=path, timeout_s=timeout_s, logger=logger,
                                             on_log_line=lambda line: logger.info("[server] %s", line))
