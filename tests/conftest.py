@@ -92,19 +92,26 @@ def pids_alive(pids: list[int]) -> list[int]:
     return alive
 
 
-def pids_with_marker(port: int) -> list[int]:
-    """Live processes whose environment carries specsweep's marker for ``port``."""
+def pids_with_env(name: str, value: str | None = None) -> list[int]:
+    """Live processes whose environment sets ``name`` (to ``value``, when one is given)."""
+    want = f"{name}=".encode() + (value.encode() if value is not None else b"")
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/environ", "rb") as f:
-                if f"SPECSWEEP_SERVER_PORT={port}".encode() in f.read().split(b"\0"):
-                    found.append(int(entry))
+                env = f.read().split(b"\0")
         except OSError:
-            pass
+            continue
+        if any(v == want if value is not None else v.startswith(want) for v in env):
+            found.append(int(entry))
     return pids_alive(found)
+
+
+def pids_with_marker(port: int) -> list[int]:
+    """Live processes whose environment carries specsweep's marker for ``port``."""
+    return pids_with_env("SPECSWEEP_SERVER_PORT", str(port))
 
 
 @pytest.fixture(scope="session")

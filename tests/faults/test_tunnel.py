@@ -29,7 +29,7 @@ from specsweep.presets import sglang_baseline, sglang_eagle3
 from specsweep.profiles import ServerProfile
 from specsweep.settings import BenchmarkSettings
 from specsweep.tunnel import TUNNEL_MARKER_ENV
-from tests.conftest import REPO, pids_with_marker
+from tests.conftest import REPO, pids_with_env, pids_with_marker
 from tests.helpers.logs import flow_logs
 from tests.helpers.netns import NetnsHost
 from tests.helpers.runner import serving, wait_for_deployment, wait_for_state
@@ -94,18 +94,7 @@ def behind_bastion(tmp_path_factory: pytest.TempPathFactory, ssh_keys: tuple[Pat
 
 def tunnels_left() -> list[int]:
     """ssh processes of specsweep tunnels still running on this machine."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if any(v.startswith(f"{TUNNEL_MARKER_ENV}=".encode()) for v in f.read().split(b"\0")):
-                    found.append(int(entry))
-        except OSError:
-            pass
-    return [p for p in found if Path(f"/proc/{p}/stat").exists()
-            and Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")]
+    return pids_with_env(TUNNEL_MARKER_ENV)
 
 
 def sim_pair(port: int, tmp_path: Path) -> tuple[ServerProfile, ServerProfile]:

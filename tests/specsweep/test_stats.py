@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 
 import pytest
 
@@ -65,6 +66,20 @@ def row(tps: float, index: int = 0, repeat: int = 0) -> LevelRow:
                     output_tokens_per_s=tps, duration_s=1.0, requests=8)
 
 
+def measure_until_decided(b_all: list[float], s_all: list[float], more: Callable[[list[LevelRow], list[LevelRow]], bool],
+                          config: DecisionConfig) -> RatioInterval:
+    """Pairs of blocks until ``more`` says the level is decided; the final interval."""
+    base: list[LevelRow] = []
+    spec: list[LevelRow] = []
+    for b, s in zip(b_all, s_all, strict=True):
+        base.append(row(b, repeat=len(base)))
+        spec.append(row(s, repeat=len(spec)))
+        if not more(base, spec):
+            break
+    return ratio_interval([r.output_tokens_per_s for r in base], [r.output_tokens_per_s for r in spec], paired=True,
+                          confidence=config.look_confidence(8))
+
+
 def test_measuring_until_decided_keeps_its_coverage() -> None:
     """The adaptive procedure looks at the interval after every pair and stops when it is decided: its
     final intervals still cover the true ratio (the looks are accounted for)."""
@@ -75,15 +90,7 @@ def test_measuring_until_decided_keeps_its_coverage() -> None:
     for i in range(200):
         ratio = TRUE_RATIOS[i % len(TRUE_RATIOS)]
         b_all, s_all = blocks(rng, ratio, config.max_blocks(8))
-        base: list[LevelRow] = []
-        spec: list[LevelRow] = []
-        for b, s in zip(b_all, s_all, strict=True):
-            base.append(row(b, repeat=len(base)))
-            spec.append(row(s, repeat=len(spec)))
-            if not more(base, spec):
-                break
-        iv = ratio_interval([r.output_tokens_per_s for r in base], [r.output_tokens_per_s for r in spec], paired=True,
-                            confidence=config.look_confidence(8))
+        iv = measure_until_decided(b_all, s_all, more, config)
         assert iv.low is not None and iv.high is not None
         covered += iv.low <= ratio <= iv.high
     assert covered / 200 >= 0.90, covered / 200
@@ -96,15 +103,7 @@ def test_clear_differences_are_decided_within_the_budget() -> None:
     decided = 0
     for _ in range(50):
         b_all, s_all = blocks(rng, 1.3, config.max_blocks(8), noise=0.05)
-        base: list[LevelRow] = []
-        spec: list[LevelRow] = []
-        for b, s in zip(b_all, s_all, strict=True):
-            base.append(row(b, repeat=len(base)))
-            spec.append(row(s, repeat=len(spec)))
-            if not more(base, spec):
-                break
-        iv = ratio_interval([r.output_tokens_per_s for r in base], [r.output_tokens_per_s for r in spec], paired=True,
-                            confidence=config.look_confidence(8))
+        iv = measure_until_decided(b_all, s_all, more, config)
         decided += verdict(iv, config.margin) == "faster"
     assert decided >= 45
 
