@@ -253,6 +253,8 @@ def bench(
     engine: Annotated[str, typer.Option(help="sglang, vllm, llamacpp or custom (what the server runs).")] = "custom",
     dataset: Annotated[str, typer.Option(help="synthetic, bundled or file.")] = "synthetic",
     prompts_file: Annotated[Optional[Path], typer.Option(help="JSONL or Parquet prompts (with --dataset file).")] = None,
+    tokenizer: Annotated[Optional[Path], typer.Option(
+        help="The model's tokenizer.json (or its folder): count prompt tokens here (default: the server's /tokenize).")] = None,
     warmup: Annotated[int, typer.Option(help="Warm-up requests per level, not counted.")] = 2,
     repeats: Annotated[int, typer.Option(help="Times each level is measured.")] = 1,
     workers: Annotated[int, typer.Option(help="Client processes per level.")] = 1,
@@ -270,6 +272,7 @@ def bench(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
+    from specsweep.bench.workload import check_source
     from specsweep.fingerprint import server_fingerprint
     from specsweep.hosts import open_host
     from specsweep.profiles import describe_validation_error
@@ -308,10 +311,11 @@ def bench(
             store = ResultsStore(results)
             job = SweepJob(run_id=new_run_id(name), config_name=name, results=store.url, sweep=sweep,
                            workload=WorkloadConfig(source=dataset, input_len=input_len, output_len=output_len,
-                                                   prompts_file=prompts_file))
+                                                   prompts_file=prompts_file, tokenizer=tokenizer))
         except ValidationError as exc:
             raise ConfigError(describe_validation_error(exc, "benchmark options")) from None
         store.check_writable()
+        check_source(job.workload)
         levels = points(sweep)
         on_host = path.on_host if path is not None else None
         with RunRecorder(store, job.run_id, new_run_row(config_name=name, engine=engine, job=job, host=host_label,

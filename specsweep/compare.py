@@ -181,9 +181,9 @@ def compare_runs(store: ResultsStore, baseline_run_id: str, speculative_run_id: 
     diffs = check_fingerprints(base_run, spec_run, decision.allow_mismatch)
     paired = (base_run.design or "").startswith("alternate") and base_run.design == spec_run.design
     num_requests = int(json.loads(spec_run.sweep_json or "{}").get("num_requests", 32))
-    comp = compare_levels(store.level_rows(baseline_run_id), store.level_rows(speculative_run_id), decision=decision,
-                          paired=paired, num_requests=num_requests, baseline_name=base_run.config_name,
-                          speculative_name=spec_run.config_name)
+    base_rows, spec_rows = store.level_rows(baseline_run_id), store.level_rows(speculative_run_id)
+    comp = compare_levels(base_rows, spec_rows, decision=decision, paired=paired, num_requests=num_requests,
+                          baseline_name=base_run.config_name, speculative_name=spec_run.config_name)
     comp.baseline_run_id, comp.speculative_run_id, comp.host = baseline_run_id, speculative_run_id, base_run.host
     comp.design = base_run.design if base_run.design == spec_run.design else None
     if not paired:
@@ -191,7 +191,19 @@ def compare_runs(store: ResultsStore, baseline_run_id: str, speculative_run_id: 
                           "two configurations is not cancelled out; the alternate design is more robust.")
     if diffs:
         comp.notes.append("Compared despite different environments: " + "; ".join(diffs))
+    if differ := prompts_differ(base_rows, spec_rows):
+        comp.notes.append("The two configurations were not sent the same prompts at " + ", ".join(differ) +
+                          " (their prompt digests differ: another workload, seed or tokenizer): the comparison there is "
+                          "not paired by prompt.")
     return with_engine_configs(comp, speculation_from_command(spec_run.command))
+
+
+def prompts_differ(base: list[LevelRow], spec: list[LevelRow]) -> list[str]:
+    """The blocks (level and repeat) whose two configurations were sent different prompts."""
+    digests = {(r.concurrency, r.request_rate_per_s, r.repeat): r.prompts_digest for r in base}
+    return [f"{r.label} block {r.repeat}" for r in spec
+            if r.prompts_digest and digests.get((r.concurrency, r.request_rate_per_s, r.repeat), r.prompts_digest)
+            not in (None, r.prompts_digest)]
 
 
 # -- the report folder ---------------------------------------------------------------------------

@@ -212,6 +212,8 @@ class LevelRow(Row):
     spec_acceptance_rate: float | None = None
     spec_accept_length: float | None = None
     spec_source: str | None = None
+    prompts_digest: str | None = Field(None, description="Hash of the level's prompt texts, in order.")
+    prompt_tokens_by: str | None = Field(None, description="How prompt lengths were counted: local, server, approximate.")
     client_cpu_s: float | None = None
     client_cpu_share: float | None = None
     client_loop_lag_p99_ms: float | None = None

@@ -28,7 +28,7 @@ from specsweep import metrics
 from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
 from specsweep.bench.remote import HostLoadGenerator
 from specsweep.bench.runner import Load, run_level
-from specsweep.bench.workload import Prompt, build_prompts, server_tokenizer
+from specsweep.bench.workload import Prompt, build_prompts, local_tokenizer, prompts_digest, server_tokenizer
 from specsweep.records import Level, LevelRow, Mode, RequestRecord, RunRow, RunStatus
 from specsweep.server_api import ServerAPI
 from specsweep.storage import StorageOptions
@@ -91,13 +91,28 @@ def points(sweep: SweepConfig) -> list[Point]:
 
 # -- one level ---------------------------------------------------------------------------------
 
-_prompt_cache: dict[str, tuple[Prompt, ...]] = {}
+@dataclass(frozen=True)
+class PromptSet:
+    """A level's prompts, how their lengths were counted, and their digest (stored with the level, so a
+    comparison can tell that both configurations were sent the same prompts)."""
+
+    prompts: tuple[Prompt, ...]
+    counted_by: str  # local | server | approximate
+    digest: str
 
 
-async def _prompts(api: ServerAPI, model: str | None, workload: WorkloadConfig, count: int) -> tuple[Prompt, ...]:
-    key = json.dumps([model, workload.model_dump(mode="json"), count])
+_prompt_cache: dict[str, PromptSet] = {}
+
+
+async def _prompts(api: ServerAPI, model: str | None, workload: WorkloadConfig, count: int) -> PromptSet:
+    """The prompts for one level: built once per workload, seed and count in this process, so that both
+    configurations of a comparison get the very same prompts."""
+    key = json.dumps([model if workload.tokenizer is None else None, workload.model_dump(mode="json"), count])
     if key not in _prompt_cache:
-        _prompt_cache[key] = tuple(await build_prompts(workload, count, server_tokenizer(api)))
+        tokenizer = local_tokenizer(workload.tokenizer) if workload.tokenizer else server_tokenizer(api)
+        prompts = tuple(await build_prompts(workload, count, tokenizer))
+        counted_by = tokenizer.source if prompts and all(p.exact for p in prompts) else "approximate"
+        _prompt_cache[key] = PromptSet(prompts, counted_by, prompts_digest(prompts))
     return _prompt_cache[key]
 
 
@@ -118,13 +133,15 @@ async def measure_level(
     workload = job.workload.model_copy(update={"seed": job.workload.seed + 1000 * level.index + level.repeat})
     async with target.api() as api:
         model = target.request.model or await api.first_model()
-        load = Load(base_url=target.base_url, request=target.request, prompts=await _prompts(api, model, workload, count),
+        prompt_set = await _prompts(api, model, workload, count)
+        load = Load(base_url=target.base_url, request=target.request, prompts=prompt_set.prompts,
                     output_len=workload.output_len, sweep=sweep, model=model, engine=target.engine)
         if on_host is not None:
             run = await on_host.run(load, level)
         else:
             run = await run_level(load, level, counters=api.spec_counters, on_request=on_request)
-    row = metrics.level_row(run, config_name=job.config_name)
+    row = metrics.level_row(run, config_name=job.config_name).model_copy(
+        update={"prompts_digest": prompt_set.digest, "prompt_tokens_by": prompt_set.counted_by})
     job.store().write_level(job.run_id, level.key, row, metrics.request_rows(run))
     return row
 
@@ -153,7 +170,7 @@ async def settle(target: BenchTarget, job: SweepJob, *, max_requests: int = 24, 
     settled = False
     async with target.api() as api:
         model = target.request.model or await api.first_model()
-        prompts = await _prompts(api, model, workload, max_requests)
+        prompts = (await _prompts(api, model, workload, max_requests)).prompts
         for i in range(max_requests):
             load = Load(base_url=target.base_url, request=target.request, prompts=(prompts[i],),
                         output_len=workload.output_len, sweep=one, model=model, engine=target.engine)

@@ -60,6 +60,9 @@ class WorkloadConfig(BaseModel):
     bundled_set: str = Field("mixed", description="Name of a file in data/prompts/ (without .jsonl).")
     prompts_file: Path | None = Field(None, description="JSONL (one {\"prompt\": ...} per line) or Parquet with a prompt column.")
     seed: int = Field(0, description="Seed for synthetic prompts and request-rate arrivals.")
+    tokenizer: Path | None = Field(
+        None, description="The model's tokenizer.json (or its folder) on this machine: prompts are counted with it "
+        "locally (fast, nothing downloaded). Default: the server's /tokenize; approximate where it has none.")
 
     @model_validator(mode="after")
     def _file_given(self) -> WorkloadConfig:

@@ -1,17 +1,21 @@
 """Prompts to send: synthetic text of a given token length, the bundled set, or the user's file.
 
-Lengths are exact where the server has a tokenize endpoint (llama.cpp, vLLM and SGLang
-answer ``POST /tokenize``): synthetic prompts are then trimmed to the exact count.
-Elsewhere they are approximate (words × 1.3) and labelled so.
+Lengths are exact where a tokenizer counts them: the model's own ``tokenizer.json`` read
+locally (``workload.tokenizer``; milliseconds for thousands of prompts), else the server's
+``POST /tokenize`` (llama.cpp, vLLM and SGLang answer it), a few calls at a time. Synthetic
+prompts are then grown or trimmed to the exact count, all of them in each round. Without
+a tokenizer they are approximate (words × 1.3) and labelled so.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from specsweep.bench.config import WorkloadConfig
 from specsweep.errors import ConfigError
@@ -27,7 +31,7 @@ _WORDS = (
     "quick slow small large early late bright dark warm cold open close begin finish measure compare report"
 ).split()
 
-Tokenizer = Callable[[str], Awaitable[int | None]]
+Counter = Callable[[list[str]], Awaitable[list[int] | None]]
 
 
 @dataclass(frozen=True)
@@ -37,19 +41,48 @@ class Prompt:
     exact: bool
 
 
+@dataclass(frozen=True)
+class Tokenizer:
+    """Counts tokens of many texts at once: the model's own tokenizer here, or the server's /tokenize."""
+
+    source: Literal["local", "server"]
+    count: Counter
+    #: Cut texts to a number of tokens (a local tokenizer decodes a prefix of the text's tokens).
+    trim: Callable[[list[str], list[int]], list[str]] | None = None
+
+
 def server_tokenizer(api: ServerAPI) -> Tokenizer:
-    """Count tokens with the server's /tokenize; None (and no further calls) when it has none."""
-    state = {"works": True}
+    """The server's /tokenize, a few calls at a time; None counts (the approximate path) when it has none."""
+    return Tokenizer("server", lambda texts: api.count_tokens_many(texts))
 
-    async def count(text: str) -> int | None:
-        if not state["works"]:
-            return None
-        n = await api.count_tokens(text)
-        if n is None:
-            state["works"] = False
-        return n
 
-    return count
+def local_tokenizer(path: Path) -> Tokenizer:
+    """The model's own ``tokenizer.json`` (a file, or a folder holding one), read with the ``tokenizers``
+    package: nothing is downloaded, and counting thousands of prompts takes milliseconds."""
+    path = Path(path).expanduser()
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if not file.is_file():
+        raise ConfigError(f"tokenizer {path}: no tokenizer.json there: give the model's tokenizer.json (or its folder)")
+    try:
+        from tokenizers import Tokenizer as HFTokenizer
+    except ImportError:  # pragma: no cover - a dependency of the project
+        raise ConfigError("tokenizer: the 'tokenizers' package is not installed (pip install tokenizers)") from None
+    try:
+        tok = HFTokenizer.from_file(str(file))
+    except Exception as exc:  # noqa: BLE001 - any reader error is a bad file
+        raise ConfigError(f"tokenizer {file} is not a tokenizers JSON file: {exc}") from None
+
+    specials = len(tok.encode("", add_special_tokens=True).ids)
+
+    async def count(texts: list[str]) -> list[int] | None:
+        return [len(e.ids) for e in tok.encode_batch(texts, add_special_tokens=True)]
+
+    def trim(texts: list[str], targets: list[int]) -> list[str]:
+        encoded = tok.encode_batch(texts, add_special_tokens=False)
+        return [tok.decode(e.ids[:max(1, t - specials)]) if len(e.ids) > t - specials else text
+                for text, e, t in zip(texts, encoded, targets, strict=True)]
+
+    return Tokenizer("local", count, trim)
 
 
 def _read_file(path: Path) -> list[str]:
@@ -94,7 +127,9 @@ def _read_file(path: Path) -> list[str]:
 
 
 def check_source(config: WorkloadConfig) -> None:
-    """Read the prompt source once, so that a bad file is refused before any server starts."""
+    """Read the prompt source (and the tokenizer) once, so that a bad file is refused before any server starts."""
+    if config.tokenizer is not None:
+        local_tokenizer(config.tokenizer)
     if config.source == "file":
         _read_file(_prompts_file(config))
     elif config.source == "bundled":
@@ -115,41 +150,72 @@ def bundled_prompts(name: str) -> list[str]:
     return _read_file(path)
 
 
-def _synthetic_text(rng: random.Random, n_words: int) -> str:
-    return " ".join(rng.choice(_WORDS) for _ in range(max(1, n_words)))
+MAX_ROUNDS = 32
+
+
+def _words_for(rng: random.Random, tokens: float, per_word: float) -> list[str]:
+    return [rng.choice(_WORDS) for _ in range(max(1, round(tokens / per_word)))]
 
 
 async def build_prompts(config: WorkloadConfig, count: int, tokenizer: Tokenizer | None = None) -> list[Prompt]:
-    """``count`` prompts (cycling through the source when it holds fewer)."""
+    """``count`` prompts (cycling through the source when it holds fewer).
+
+    Synthetic prompts of exact length are built in rounds: every prompt not yet at its target
+    is grown or trimmed by the words its own tokens-per-word suggests, and all of them are
+    counted at once (one batch for a local tokenizer, a few concurrent calls for a server's).
+    A prompt that cannot hit its target exactly (a word of two tokens where one is missing)
+    keeps the closest length found, counted exactly."""
     rng = random.Random(config.seed)
-    if config.source == "synthetic":
-        prompts = []
-        for _ in range(count):
-            spread = config.input_len_range * config.input_len
-            target = max(1, round(config.input_len + rng.uniform(-spread, spread)))
-            words = max(1, round(target / TOKENS_PER_WORD))
-            text = _synthetic_text(rng, words)
-            n = await tokenizer(text) if tokenizer else None
-            if n is None or tokenizer is None:
-                prompts.append(Prompt(text, round(words * TOKENS_PER_WORD), exact=False))
-                continue
-            # Grow or trim word by word until the count is exact (or as close as words allow).
-            ws = text.split()
-            for _ in range(64):
-                if n == target:
-                    break
-                if n < target:
-                    ws += [rng.choice(_WORDS) for _ in range(max(1, round((target - n) / TOKENS_PER_WORD)))]
-                else:
-                    ws = ws[: max(1, len(ws) - max(1, round((n - target) / TOKENS_PER_WORD)))]
-                text = " ".join(ws)
-                n = await tokenizer(text) or n
-            prompts.append(Prompt(text, n, exact=True))
-        return prompts
-    texts = bundled_prompts(config.bundled_set) if config.source == "bundled" else _read_file(_prompts_file(config))
-    out = []
-    for i in range(count):
-        text = texts[(config.seed + i) % len(texts)]
-        n = await tokenizer(text) if tokenizer else None
-        out.append(Prompt(text, n if n is not None else round(len(text.split()) * TOKENS_PER_WORD), exact=n is not None))
-    return out
+    if config.source != "synthetic":
+        texts = bundled_prompts(config.bundled_set) if config.source == "bundled" else _read_file(_prompts_file(config))
+        chosen = [texts[(config.seed + i) % len(texts)] for i in range(count)]
+        counts = await tokenizer.count(chosen) if tokenizer and chosen else None
+        if counts is None:
+            return [Prompt(t, round(len(t.split()) * TOKENS_PER_WORD), exact=False) for t in chosen]
+        return [Prompt(t, n, exact=True) for t, n in zip(chosen, counts, strict=True)]
+    spread = config.input_len_range * config.input_len
+    targets = [max(1, round(config.input_len + rng.uniform(-spread, spread))) for _ in range(count)]
+    words = [_words_for(rng, t, TOKENS_PER_WORD) for t in targets]
+    texts = [" ".join(ws) for ws in words]
+    counts = await tokenizer.count(texts) if tokenizer and texts else None
+    if counts is None:
+        return [Prompt(t, round(len(ws) * TOKENS_PER_WORD), exact=False) for t, ws in zip(texts, words, strict=True)]
+    best = [(abs(n - t), txt, n) for txt, n, t in zip(texts, counts, targets, strict=True)]
+    pending = [i for i in range(count) if counts[i] != targets[i]]
+    trim = tokenizer.trim if tokenizer is not None else None
+    for _ in range(MAX_ROUNDS):
+        if not pending or tokenizer is None:
+            break
+        for i in pending:
+            n, ws = counts[i], words[i]
+            per_word = max(0.25, n / max(1, len(ws)))
+            if n < targets[i]:  # grow (past the target where the tokenizer can cut at a token)
+                ws += _words_for(rng, (targets[i] - n) * (1.5 if trim else 1.0), per_word)
+            elif trim is None:
+                del ws[max(1, len(ws) - max(1, round((n - targets[i]) / per_word))):]
+        texts = [" ".join(words[i]) for i in pending]
+        if trim is not None:
+            texts = trim(texts, [targets[i] for i in pending])
+            for i, text in zip(pending, texts, strict=True):
+                words[i] = text.split()
+        trial = await tokenizer.count(texts)
+        if trial is None:  # the tokenizer went away: keep what was counted
+            break
+        for i, text, n in zip(pending, texts, trial, strict=True):
+            counts[i] = n
+            if abs(n - targets[i]) < best[i][0]:
+                best[i] = (abs(n - targets[i]), text, n)
+        still = [i for i in pending if best[i][0] != 0]
+        if trim is not None and len(still) == len(pending):
+            trim = None  # cutting at a token does not survive a round trip here (no decoder?): words only
+        pending = still
+    return [Prompt(txt, n, exact=True) for _, txt, n in best]
+
+
+def prompts_digest(prompts: Sequence[Prompt]) -> str:
+    """A hash of the prompts' texts, in order: equal digests, the same prompts."""
+    h = hashlib.sha256()
+    for p in prompts:
+        h.update(p.text.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:16]

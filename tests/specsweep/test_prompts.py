@@ -1,0 +1,78 @@
+"""Prompts of exact length, counted by the model's own tokenizer here or by the server, the same for both
+configurations, and stored with each level (how they were counted, and their digest)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from tokenizers import Tokenizer as HFTokenizer
+
+from specsweep.bench.config import SweepConfig, WorkloadConfig
+from specsweep.bench.workload import build_prompts, check_source, local_tokenizer, prompts_digest, server_tokenizer
+from specsweep.compare import prompts_differ
+from specsweep.errors import ConfigError
+from specsweep.records import Level
+from specsweep.server_api import ServerAPI
+from specsweep.store import ResultsStore
+from specsweep.sweep import BenchTarget, SweepJob, measure_level
+from tests.helpers.sim import running_sim
+from tests.helpers.tokenizer import make_tokenizer
+
+
+@pytest.mark.parametrize(("decoder", "vocab_size"), [(True, 300), (False, 1000)])
+async def test_a_local_tokenizer_gives_prompts_of_exact_length(tmp_path: Path, decoder: bool, vocab_size: int) -> None:
+    """Words of several tokens each (a small vocabulary) with a tokenizer that decodes: cut at a token.
+    Words of one token each, no decoder: grown and trimmed by words."""
+    path = make_tokenizer(tmp_path, decoder=decoder, vocab_size=vocab_size)
+    workload = WorkloadConfig(input_len=128, input_len_range=0.25, seed=3)
+    prompts = await build_prompts(workload, 512, local_tokenizer(tmp_path))  # the folder, as a model ships it
+    check = HFTokenizer.from_file(str(path))
+    true = [len(check.encode(p.text).ids) for p in prompts]
+    assert [p.input_tokens for p in prompts] == true and all(p.exact for p in prompts)  # counts are the tokenizer's
+    import random
+
+    rng = random.Random(3)
+    targets = [max(1, round(128 + rng.uniform(-32, 32))) for _ in range(512)]
+    assert true == targets
+    assert prompts == await build_prompts(workload, 512, local_tokenizer(path))  # the same prompts every time
+
+
+async def test_the_servers_tokenizer_counts_them_when_none_is_given() -> None:
+    with running_sim("--sim-profile", "instant") as (url, _):
+        async with ServerAPI(url) as api:
+            prompts = await build_prompts(WorkloadConfig(input_len=64), 300, server_tokenizer(api))
+            recount = await api.count_tokens_many([p.text for p in prompts])
+    assert recount == [64] * 300 and all(p.exact and p.input_tokens == 64 for p in prompts)
+
+
+def test_a_missing_or_bad_tokenizer_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"tokenizer .*no tokenizer.json there"):
+        check_source(WorkloadConfig(tokenizer=tmp_path / "nowhere"))
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="is not a tokenizers JSON file"):
+        check_source(WorkloadConfig(tokenizer=tmp_path))
+
+
+async def test_each_level_stores_how_its_prompts_were_counted_and_their_digest(tmp_path: Path) -> None:
+    store = ResultsStore(str(tmp_path / "results"))
+    make_tokenizer(tmp_path / "tok")
+    sweep = SweepConfig(num_requests=8, warmup_requests=0)
+    rows = {}
+    with running_sim("--sim-profile", "instant") as (url, _):
+        for name, workload in (("base", WorkloadConfig(input_len=32, output_len=4)),
+                               ("spec", WorkloadConfig(input_len=32, output_len=4)),
+                               ("local", WorkloadConfig(input_len=32, output_len=4, tokenizer=tmp_path / "tok")),
+                               ("other", WorkloadConfig(input_len=32, output_len=4, seed=9))):
+            job = SweepJob(run_id=name, config_name=name, results=str(store), workload=workload, sweep=sweep)
+            rows[name] = await measure_level(BenchTarget(base_url=url), job, Level(index=0, mode="concurrency", value=2))
+    assert rows["base"].prompt_tokens_by == "server" and rows["local"].prompt_tokens_by == "local"
+    assert rows["base"].prompts_digest == rows["spec"].prompts_digest != rows["other"].prompts_digest
+    stored = pd.read_parquet(tmp_path / "results" / "levels")
+    assert set(stored["prompts_digest"]) == {rows[n].prompts_digest for n in rows}
+    requests = pd.read_parquet(tmp_path / "results" / "requests", filters=[("run_id", "=", "base")])
+    assert (requests["prompt_tokens"] == 32).all() and requests["prompt_tokens_exact"].all()
+    assert prompts_differ([rows["base"]], [rows["spec"]]) == []
+    assert prompts_differ([rows["base"]], [rows["other"]]) == ["C=2 block 0"]
+    assert len(prompts_digest(())) == 16
