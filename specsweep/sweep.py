@@ -156,10 +156,11 @@ class WarmUp(BaseModel):
 
 
 async def settle(target: BenchTarget, job: SweepJob, *, max_requests: int = 24, max_seconds: float = 60.0,
-                 window: int = 4, tolerance: float = 0.15) -> WarmUp:
+                 window: int = 4, tolerance: float = 0.15, jitter_ms: float = 1.0) -> WarmUp:
     """Warm a server up after its start until its time to first token settles: single requests (of the
     run's workload, from prompts no level sends) until the last ``window`` TTFTs all lie within
-    ±``tolerance`` of their median, or the cap. The first requests after a start pay for compiled
+    ±``tolerance`` of their median (or within ``jitter_ms``, for a server whose TTFT is a few ms, where
+    scheduling jitter alone exceeds the fraction), or the cap. The first requests after a start pay for compiled
     kernels, cold caches and lazy allocations; measured levels should not."""
     t0 = time.perf_counter()
     if max_requests <= 0:
@@ -181,7 +182,7 @@ async def settle(target: BenchTarget, job: SweepJob, *, max_requests: int = 24, 
             recent = ttfts[-window:]
             if len(recent) == window:
                 mid = statistics.median(recent)
-                settled = all(abs(x - mid) <= tolerance * mid for x in recent)
+                settled = all(abs(x - mid) <= max(tolerance * mid, jitter_ms) for x in recent)
             if settled or time.perf_counter() - t0 > max_seconds:
                 break
     return WarmUp(requests=len(ttfts), ttft_ms=[round(x, 2) for x in ttfts], settled=settled,

@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from specsweep.bench.config import RequestOptions
-from specsweep.bench.http1 import ConnectionLost, HTTPStatusError, Pool
+from specsweep.bench.http1 import ConnectionLost, HTTPStatusError, Pool, ProtocolError
 from specsweep.bench.workload import Prompt
 from specsweep.records import RequestRecord
 
@@ -99,7 +99,9 @@ class _Parser:
                 continue
             try:
                 event = orjson.loads(payload)
-            except orjson.JSONDecodeError:
+            except orjson.JSONDecodeError as exc:
+                if "UTF-8" in str(exc):
+                    raise ProtocolError(f"an event is not valid UTF-8 ({exc})") from None
                 self.malformed += 1
                 continue
             if not isinstance(event, dict):
@@ -135,6 +137,8 @@ class _Parser:
         choices = ev.get("choices")
         text = None
         if choices:
+            if not isinstance(choices, list) or not isinstance(choices[0], dict):
+                raise ProtocolError(f"an event's 'choices' is not a list of objects: {str(choices)[:80]}")
             c0 = choices[0]
             text = c0.get("text") if self.endpoint == "completions" else (c0.get("delta") or {}).get("content")
         running = usage.get("completion_tokens") if isinstance(usage, dict) else None
@@ -216,6 +220,8 @@ async def stream_request(pool: Pool, raw: bytes, rec: RequestRecord, endpoint: s
         elif parser.malformed:
             rec.error_type = "MalformedSSE"
             rec.error_message = f"{parser.malformed} event(s) were not valid JSON"
+    except ProtocolError as exc:
+        rec.error_type, rec.error_message = "ProtocolError", str(exc)
     except HTTPStatusError as exc:
         rec.status_code = exc.status
         rec.error_type, rec.error_message = "HTTPStatus", str(exc)

@@ -28,6 +28,15 @@ class ConnectionLost(Exception):
     """The server closed the connection or the network failed before the response ended."""
 
 
+class ProtocolError(Exception):
+    """The server's answer broke HTTP or SSE framing: the request fails at once, its connection is closed."""
+
+
+#: The longest response head, and the longest chunk-size or trailer line, the client buffers.
+MAX_HEAD = 64 * 1024
+MAX_LINE = 64 * 1024
+
+
 class HTTPStatusError(Exception):
     def __init__(self, status: int, body: bytes) -> None:
         super().__init__(f"HTTP {status}: {body[:500].decode('utf-8', errors='replace')}")
@@ -66,88 +75,113 @@ class _Response:
             else:
                 self.done.set_exception(HTTPStatusError(self.status, bytes(self.error_body)))
 
+    def fail(self, exc: BaseException) -> None:
+        self.state, self.keep_alive, self.buf = 9, False, b""
+        if not self.done.done():
+            self.done.set_exception(exc)
+
     def feed(self, data: bytes, now: float) -> None:
-        self.got_bytes = True
-        buf = self.buf + data if self.buf else data
-        self.buf = b""
-        while buf:
-            st = self.state
-            if st == 2:  # chunk data: the hot path
-                n = self.remaining
-                if len(buf) <= n:
-                    self._body(buf, now)
-                    self.remaining = n - len(buf)
-                    if self.remaining == 0:
-                        self.state = 3
-                    return
-                self._body(buf[:n], now)
-                buf = buf[n:]
-                self.remaining = 0
-                self.state = 3
-            elif st == 1 or st == 3 or st == 6:
-                i = buf.find(b"\r\n")
-                if i < 0:
-                    self.buf = buf
-                    return
-                line, buf = buf[:i], buf[i + 2:]
-                if st == 3:
-                    self.state = 1
-                elif st == 6:
-                    if not line:
-                        self._finish()
+        """Parse what arrived. A broken answer (or one the body's consumer refuses) fails the request
+        with ProtocolError at once; nothing is raised into the socket callback."""
+        try:
+            self.got_bytes = True
+            buf = self.buf + data if self.buf else data
+            self.buf = b""
+            while buf:
+                st = self.state
+                if st == 2:  # chunk data: the hot path
+                    n = self.remaining
+                    if len(buf) <= n:
+                        self._body(buf, now)
+                        self.remaining = n - len(buf)
+                        if self.remaining == 0:
+                            self.state = 3
                         return
-                else:
-                    size = int(line.split(b";", 1)[0], 16)
-                    if size == 0:
-                        self.state = 6
+                    self._body(buf[:n], now)
+                    buf = buf[n:]
+                    self.remaining = 0
+                    self.state = 3
+                elif st == 1 or st == 3 or st == 6:
+                    i = buf.find(b"\r\n")
+                    if i < 0:
+                        if len(buf) > MAX_LINE:
+                            raise ProtocolError(f"a chunk-size or trailer line longer than {MAX_LINE // 1024} KiB")
+                        self.buf = buf
+                        return
+                    line, buf = buf[:i], buf[i + 2:]
+                    if st == 3:
+                        if line:
+                            raise ProtocolError(f"chunk data not followed by CRLF (got {line[:40]!r})")
+                        self.state = 1
+                    elif st == 6:
+                        if not line:
+                            self._finish()
+                            return
                     else:
-                        self.remaining, self.state = size, 2
-            elif st == 4:
-                n = self.remaining
-                piece = buf[:n]
-                self._body(piece, now)
-                self.remaining = n - len(piece)
-                buf = buf[len(piece):]
-                if self.remaining == 0:
-                    self._finish()
-                    return
-            elif st == 5:
-                self._body(buf, now)
-                return
-            elif st == 0:
-                i = buf.find(b"\r\n\r\n")
-                if i < 0:
-                    self.buf = buf
-                    return
-                head, buf = buf[:i], buf[i + 4:]
-                lines = head.split(b"\r\n")
-                parts = lines[0].split(b" ", 2)
-                self.status = int(parts[1])
-                length = None
-                for h in lines[1:]:
-                    name, _, value = h.partition(b":")
-                    name = name.strip().lower()
-                    value = value.strip().lower()
-                    if name == b"transfer-encoding" and b"chunked" in value:
-                        self.chunked = True
-                    elif name == b"content-length":
-                        length = int(value)
-                    elif name == b"connection" and value == b"close":
-                        self.keep_alive = False
-                if parts[0] == b"HTTP/1.0":
-                    self.keep_alive = False
-                if self.chunked:
-                    self.state = 1
-                elif length is not None:
-                    self.remaining, self.state = length, 4
-                    if length == 0:
+                        digits = line.split(b";", 1)[0].strip()
+                        if not digits or len(digits) > 16 or digits.strip(b"0123456789abcdefABCDEF"):
+                            raise ProtocolError(f"bad chunk size {line[:40]!r}")
+                        size = int(digits, 16)
+                        if size == 0:
+                            self.state = 6
+                        else:
+                            self.remaining, self.state = size, 2
+                elif st == 4:
+                    n = self.remaining
+                    piece = buf[:n]
+                    self._body(piece, now)
+                    self.remaining = n - len(piece)
+                    buf = buf[len(piece):]
+                    if self.remaining == 0:
                         self._finish()
                         return
-                else:
-                    self.state, self.keep_alive = 5, False
-            else:  # 9: bytes after the end of a response: the connection is not reusable
-                self.keep_alive = False
-                return
+                elif st == 5:
+                    self._body(buf, now)
+                    return
+                elif st == 0:
+                    i = buf.find(b"\r\n\r\n")
+                    if i < 0 or i > MAX_HEAD:
+                        if len(buf) > MAX_HEAD:
+                            raise ProtocolError(f"response headers longer than {MAX_HEAD // 1024} KiB")
+                        self.buf = buf
+                        return
+                    head, buf = buf[:i], buf[i + 4:]
+                    lines = head.split(b"\r\n")
+                    parts = lines[0].split(b" ", 2)
+                    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or len(parts[1]) != 3 or not parts[1].isdigit():
+                        raise ProtocolError(f"bad status line {lines[0][:80]!r}")
+                    self.status = int(parts[1])
+                    length = None
+                    for h in lines[1:]:
+                        name, _, value = h.partition(b":")
+                        name = name.strip().lower()
+                        value = value.strip().lower()
+                        if name == b"transfer-encoding" and b"chunked" in value:
+                            self.chunked = True
+                        elif name == b"content-length":
+                            if not value.isdigit():
+                                raise ProtocolError(f"bad Content-Length {value[:40]!r}")
+                            length = int(value)
+                        elif name == b"connection" and value == b"close":
+                            self.keep_alive = False
+                    if parts[0] == b"HTTP/1.0":
+                        self.keep_alive = False
+                    if self.chunked:
+                        self.state = 1
+                    elif length is not None:
+                        self.remaining, self.state = length, 4
+                        if length == 0:
+                            self._finish()
+                            return
+                    else:
+                        self.state, self.keep_alive = 5, False
+                else:  # 9: bytes after the end of a response: the connection is not reusable
+                    self.keep_alive = False
+                    return
+        except ProtocolError as exc:
+            self.fail(exc)
+        except Exception as exc:  # noqa: BLE001 - the consumer's parser met something it cannot read
+            self.fail(ProtocolError(f"{type(exc).__name__}: {exc}"))
 
     def eof(self) -> None:
         if self.state == 5:

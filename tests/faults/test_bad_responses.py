@@ -1,0 +1,58 @@
+"""A server whose answers break HTTP or SSE framing (a real process that misbehaves on purpose, every
+other request): each broken answer is an error row at once, named as a protocol error, and the level
+goes on; no traceback reaches the terminal, no request waits for its timeout."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from specsweep.bench.config import RequestOptions, SweepConfig
+from specsweep.bench.runner import Load, run_level
+from specsweep.bench.workload import Prompt
+from specsweep.records import Level
+from tests.helpers.sshd import free_port
+
+
+@contextmanager
+def bad_server(mode: str) -> Iterator[str]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.bad_server", "--port", str(port), "--mode", mode],
+                            stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and b"listening" in proc.stdout.readline()
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+CAUSES = {
+    "bad-chunk-size": "bad chunk size",
+    "bad-status-line": "bad status line",
+    "oversized-headers": "headers longer than 64 KiB",
+    "choices-not-list": "'choices' is not a list of objects",
+    "invalid-utf8": "not valid UTF-8",
+}
+
+
+@pytest.mark.parametrize("mode", list(CAUSES))
+async def test_a_broken_answer_is_a_protocol_error_at_once(mode: str, capfd: pytest.CaptureFixture[str]) -> None:
+    with bad_server(mode) as url:
+        load = Load(url, RequestOptions(timeout_s=60), (Prompt("hello", 1, True),), 4,
+                    SweepConfig(num_requests=12, warmup_requests=0))
+        t0 = time.monotonic()
+        run = await run_level(load, Level(index=0, mode="concurrency", value=1))
+        took = time.monotonic() - t0
+    ok = [r for r in run.records if r.error_type is None]
+    bad = [r for r in run.records if r.error_type is not None]
+    assert took < 10, took  # nobody waited for the 60 s timeout
+    assert len(ok) == 6 and all(sum(r.chunk_tokens) == 4 for r in ok)  # the level went on between them
+    assert len(bad) == 6 and {r.error_type for r in bad} == {"ProtocolError"}, {r.error_type for r in bad}
+    assert all(CAUSES[mode] in (r.error_message or "") for r in bad), bad[0].error_message
+    assert "Traceback" not in capfd.readouterr().err
