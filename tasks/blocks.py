@@ -11,8 +11,10 @@ parameter or shows in the UI. API keys for the engine live in Prefect ``Secret``
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -23,16 +25,30 @@ from specsweep.errors import ConfigError
 from specsweep.hosts.config import HostConfig, SSHEndpoint
 from specsweep.profiles import ProfileParams, ServerProfile
 
+_known_files: dict[str, Path] = {}
+
 
 def _known_hosts_file(text: str) -> Path:
-    """known_hosts entries from a block, as a private file paramiko can read (one per content)."""
+    """known_hosts entries from a block, as a file paramiko and ssh can read: created exclusively
+    (mkstemp, 0600) in a directory private to this process (0700, removed at exit), so no other user of
+    the machine can plant the host keys a run trusts at a path they could predict."""
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    path = Path(tempfile.gettempdir()) / f"specsweep-known-hosts-{os.getuid()}-{digest}"
-    if not path.exists():
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    if digest not in _known_files:
+        fd, name = tempfile.mkstemp(prefix=f"known-hosts-{digest}-", dir=_private_dir())
         with os.fdopen(fd, "w") as f:
             f.write(text if text.endswith("\n") else text + "\n")
-    return path
+        _known_files[digest] = Path(name)
+    return _known_files[digest]
+
+
+_private: list[Path] = []
+
+
+def _private_dir() -> Path:
+    if not _private:
+        _private.append(Path(tempfile.mkdtemp(prefix="specsweep-")))
+        atexit.register(shutil.rmtree, _private[0], True)
+    return _private[0]
 
 
 class SSHHostBlock(Block):

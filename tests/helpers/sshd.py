@@ -83,6 +83,10 @@ PrintMotd no
 MaxSessions 100
 MaxStartups 100
 LogLevel {log_level}
+# Commands run through the login shell; where it runs `pyenv rehash` (this machine's image does), a
+# command killed while its shell starts (the link-cut tests kill some) leaves pyenv's lock behind, and
+# every later command would wait 60 s for it.
+SetEnv PYENV_REHASH_TIMEOUT=1
 {extra_config}"""
     )
     wrap = ["ip", "netns", "exec", netns] if netns else []

@@ -22,3 +22,30 @@ def test_block_builds_a_working_host(sshd: SSHServer, ssh_keys: tuple[Path, str]
     with open_host(cfg) as host:
         assert host.run(["echo", "ok"]).stdout == "ok\n"
     assert ssh_keys[0].read_text() not in repr(make_block(sshd, ssh_keys[0]))
+
+
+def test_a_planted_known_hosts_file_is_not_trusted(sshd: SSHServer, ssh_keys: tuple[Path, str], tmp_path: Path) -> None:
+    """Another user of this machine cannot choose the host keys a block's run trusts: the known_hosts file
+    is created exclusively in a private directory, not at a path anyone can predict and plant first."""
+    import hashlib
+    import tempfile
+
+    block = make_block(sshd, ssh_keys[0])
+    text = sshd.known_hosts_line()
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    planted = Path(tempfile.gettempdir()) / f"specsweep-known-hosts-{os.getuid()}-{digest}"
+    attacker = tmp_path / "attacker_known_hosts"
+    attacker.write_text(f"{sshd.address} ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIKAttackerKeyAttackerKeyAttackerKey00\n")
+    planted.unlink(missing_ok=True)
+    planted.symlink_to(attacker)
+    try:
+        cfg = block.host_config()
+        assert cfg.ssh is not None and cfg.ssh.known_hosts is not None
+        used = Path(cfg.ssh.known_hosts)
+        assert used.read_text().strip() == text.strip() and not used.is_symlink()
+        assert oct(used.stat().st_mode & 0o777) == "0o600" and oct(used.parent.stat().st_mode & 0o777) == "0o700"
+        assert "Attacker" in attacker.read_text()  # and nothing was written through the link
+        with open_host(cfg) as host:
+            assert host.run(["echo", "ok"]).stdout == "ok\n"
+    finally:
+        planted.unlink(missing_ok=True)
