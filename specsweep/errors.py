@@ -5,11 +5,14 @@
     ├── HostError                a host could not be reached or a command on it failed
     │   ├── HostKeyError         an SSH host key is unknown or changed
     │   ├── TunnelError          the SSH tunnel to the server's port cannot open or is down
+    │   ├── CommandNotSentError  a command that must run once was not sent (safe to send again)
+    │   ├── CommandOutcomeUnknown  a command that must run once may have run (its answer was lost)
     │   └── CommandError         a command exited non-zero where success was required
     ├── StoreError               results could not be written or read
     └── ServerError              the server under test misbehaved
         ├── PortBusyError        the server's port is held by another process
         ├── ServerStartError     the launch itself failed (no pid, bad log path, ...)
+        │   └── StartUnverifiedError  a start may have run and what it started could not be removed
         ├── ServerCrashedError   the server process died while starting
         ├── ServerUnreachableError  the server listens on its host, but the client cannot reach it
         ├── HealthTimeoutError   the server did not become ready in time
@@ -41,6 +44,15 @@ class TunnelError(HostError):
     """The SSH tunnel that carries the client's HTTP to the server cannot open, or is down."""
 
 
+class CommandNotSentError(HostError):
+    """A command that must run at most once was never sent to the host: sending it again is safe."""
+
+
+class CommandOutcomeUnknown(HostError):
+    """A command that must run at most once was sent, but its answer was lost (the link dropped, or it
+    timed out): it may have run. Never send it again blindly."""
+
+
 class CommandError(HostError):
     """A command on a host exited non-zero where success was required."""
 
@@ -60,6 +72,10 @@ class PortBusyError(ServerError):
 
 class ServerStartError(ServerError):
     """The server could not be launched."""
+
+
+class StartUnverifiedError(ServerStartError):
+    """A start may have run, and whatever it started could not be found and removed: not retried."""
 
 
 class ServerCrashedError(ServerError):

@@ -1,11 +1,23 @@
-"""Start and kill servers on a host, thoroughly.
+"""Start and kill servers on a host, touching nothing that specsweep did not start.
 
-``kill_server`` is the only way specsweep stops a server. It finds every process that
-belongs to it: the launcher's process group, every process that inherited the marker
-variable (children that moved to other sessions included), whatever listens on the port,
-and processes matching the profile's cleanup patterns (SGLang schedulers escape the
-launcher's tree). It sends SIGTERM, waits a grace period, SIGKILLs survivors, then checks
-that nothing is left, the port is free and, where nvidia-smi exists, GPU memory fell.
+``kill_server`` is the only way specsweep stops a server, and it takes only processes that
+belong to the login (SSH) user and carry specsweep's marker in their environment:
+
+* a server this run started (``handle`` or ``token``): the processes carrying its start's
+  token (``SPECSWEEP_START``, inherited by every descendant, even those that leave its
+  session), its launcher's process group, and their descendants;
+* leftovers of earlier runs (no handle): processes carrying the marker for this port
+  (``SPECSWEEP_SERVER_PORT``); the profile's ``cleanup_patterns``, when given, narrow them to
+  those whose command line matches one, and never add any.
+
+A process that merely holds the port, or matches a name, is never killed: ``start_server``
+refuses a busy port naming its holder, and ``kill_port_holder`` takes a holder only when it is
+the SSH user's. A kill sends SIGTERM, waits a grace period, SIGKILLs survivors, then checks that
+nothing is left, the port is free and, where nvidia-smi exists, that the GPUs the server used
+(its ``CUDA_VISIBLE_DEVICES``) released their memory.
+
+``start_server`` sends its start once: a start whose answer was lost may have started a server,
+so before sending it again the processes carrying its token are killed and the port checked.
 """
 
 from __future__ import annotations
@@ -13,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import secrets
 import shlex
 import signal
 import time
@@ -20,10 +33,20 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel, Field
 
-from specsweep.errors import HostError, KillError, PortBusyError, ServerCrashedError
+from specsweep.errors import (
+    CommandNotSentError,
+    CommandOutcomeUnknown,
+    HostError,
+    KillError,
+    PortBusyError,
+    ServerCrashedError,
+    ServerStartError,
+    SpecsweepError,
+    StartUnverifiedError,
+)
 from specsweep.hosts.base import Host, ProcessInfo
 from specsweep.hosts.local import LocalHost
-from specsweep.profiles import MARKER_ENV, ServerProfile
+from specsweep.profiles import MARKER_ENV, START_ENV, ServerProfile
 from specsweep.redact import Redactor, mask_argv
 
 Logger = logging.Logger | logging.LoggerAdapter
@@ -31,6 +54,11 @@ _log = logging.getLogger(__name__)
 
 #: Lines of the server log quoted when it fails.
 LOG_TAIL_LINES = 30
+
+
+def new_token() -> str:
+    """A start's token: unguessable, so that nothing else carries it by chance."""
+    return secrets.token_hex(12)
 
 
 class ServerHandle(BaseModel):
@@ -44,6 +72,9 @@ class ServerHandle(BaseModel):
     log_path: str
     command: str = Field(description="Launch command with secrets masked.")
     started_at: float = Field(description="Wall-clock start time (seconds since the epoch).")
+    token: str = Field("", description="This start's token (SPECSWEEP_START in the server's environment).")
+    cuda_visible_devices: str | None = Field(
+        None, description="CUDA_VISIBLE_DEVICES in the server's environment (None: every GPU).")
 
     @property
     def started_at_iso(self) -> str:
@@ -93,37 +124,52 @@ def _protected_pids(host: Host, procs: dict[int, ProcessInfo]) -> set[int]:
     return protected
 
 
-def find_server_processes(host: Host, profile: ServerProfile, handle: ServerHandle | None = None) -> dict[int, str]:
-    """Every live process that belongs to the server, with the reason it was picked."""
+def find_server_processes(host: Host, profile: ServerProfile, handle: ServerHandle | None = None, *,
+                          token: str | None = None) -> dict[int, str]:
+    """The live processes a kill takes, with the reason each was picked: the server of ``handle``
+    (or of the start ``token``), else specsweep's leftovers for the profile's port. Only the login
+    user's processes, only those specsweep marked (module docstring)."""
     procs = {p.pid: p for p in host.processes() if p.alive}
+    me = host.login_uid()
     protected = _protected_pids(host, procs)
+    mine = {pid for pid, p in procs.items() if p.uid == me and pid not in protected}
     found: dict[int, str] = {}
 
     def take(pid: int, reason: str) -> None:
-        if pid in procs and pid not in protected and pid not in found:
+        if pid in mine and pid not in found:
             found[pid] = reason
 
-    if handle is not None:
-        for p in procs.values():
-            if p.pgid == handle.pgid:
-                take(p.pid, f"in the server's process group {handle.pgid}")
-    for pid in host.pids_with_env(MARKER_ENV, str(profile.port)):
-        take(pid, f"started by specsweep for port {profile.port}")
-    for pid in host.port_owners(profile.port):
-        take(pid, f"listening on port {profile.port}")
-    for pattern in profile.cleanup_patterns:
-        rx = re.compile(pattern)
-        for p in procs.values():
-            if rx.search(p.args) and not p.args.startswith("ps -eo"):
-                take(p.pid, f"matches cleanup pattern {pattern!r}")
-    # Descendants that still hang off the tree.
+    token = handle.token if handle is not None and handle.token else token
+    if token:
+        carriers = set(host.pids_with_env(START_ENV, token))
+        for pid in sorted(carriers):
+            take(pid, f"started by this run (start {token[:8]})")
+        if handle is not None and handle.pid in carriers:
+            for p in procs.values():
+                if p.pgid == handle.pgid:
+                    take(p.pid, f"in the server's process group {handle.pgid}")
+    elif handle is not None:
+        # A handle from before start tokens: its process group, while its leader still carries the marker.
+        if handle.pid in host.pids_with_env(MARKER_ENV, str(handle.port)):
+            for p in procs.values():
+                if p.pgid == handle.pgid:
+                    take(p.pid, f"in the server's process group {handle.pgid}")
+    else:
+        marked = set(host.pids_with_env(MARKER_ENV, str(profile.port))) & mine
+        patterns = [re.compile(p) for p in profile.cleanup_patterns]
+        for pid in sorted(marked):
+            if not patterns:
+                take(pid, f"left over: started by specsweep for port {profile.port}")
+            elif any(rx.search(procs[pid].args) for rx in patterns if pid in procs):
+                take(pid, f"left over: started by specsweep for port {profile.port}, matches cleanup_patterns")
+    # Descendants that still hang off the tree (the login user's only).
     children: dict[int, list[int]] = {}
     for p in procs.values():
         children.setdefault(p.ppid, []).append(p.pid)
     stack = list(found)
     while stack:
         for child in children.get(stack.pop(), []):
-            if child not in found and child not in protected:
+            if child not in found and child in mine:
                 found[child] = f"child of a server process ({procs[child].ppid})"
                 stack.append(child)
     return found
@@ -133,21 +179,56 @@ def _alive(host: Host, pids: set[int]) -> set[int]:
     return {p.pid for p in host.processes() if p.pid in pids and p.alive}
 
 
-def _gpu_memory(host: Host, env: dict[str, str]) -> list[int] | None:
+def visible_gpus(rows: list[tuple[str, str, int]], visible: str | None) -> list[tuple[str, str, int]]:
+    """The GPUs (index, uuid, MiB used) that ``CUDA_VISIBLE_DEVICES`` selects, as CUDA reads it:
+    indices or (prefixes of) UUIDs, in order, up to the first entry that names no device; unset
+    means every GPU, empty means none."""
+    if visible is None:
+        return rows
+    chosen: list[tuple[str, str, int]] = []
+    for entry in (e.strip() for e in visible.split(",")):
+        match = [r for r in rows if (entry.isdigit() and r[0] == entry) or (
+            not entry.isdigit() and entry and r[1].startswith(entry))]
+        if len(match) != 1:
+            break
+        if match[0] not in chosen:
+            chosen.append(match[0])
+    return chosen
+
+
+def parse_gpu_memory(text: str) -> list[tuple[str, str, int]]:
+    """``nvidia-smi --query-gpu=index,uuid,memory.used --format=csv,noheader,nounits`` output."""
+    rows = []
+    for line in text.splitlines():
+        parts = [x.strip() for x in line.split(",")]
+        if len(parts) == 3 and parts[0].isdigit() and parts[2].isdigit():
+            rows.append((parts[0], parts[1], int(parts[2])))
+    return rows
+
+
+def _gpu_memory(host: Host, visible: str | None) -> list[int] | None:
+    """MiB used on each GPU the server could use; None without nvidia-smi."""
     if host.which("nvidia-smi") is None:
         return None
-    argv = ["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"]
+    argv = ["nvidia-smi", "--query-gpu=index,uuid,memory.used", "--format=csv,noheader,nounits"]
     result = host.run(argv, timeout=60)
     if not result.ok:
         return None
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    wanted = {v.strip() for v in visible.split(",")} if visible else None
-    used = []
-    for line in result.stdout.splitlines():
-        parts = [x.strip() for x in line.split(",")]
-        if len(parts) == 2 and parts[1].isdigit() and (wanted is None or parts[0] in wanted):
-            used.append(int(parts[1]))
-    return used
+    return [used for _, _, used in visible_gpus(parse_gpu_memory(result.stdout), visible)]
+
+
+def describe_process(p: ProcessInfo | None, pid: int, redact: Redactor) -> str:
+    if p is None:
+        return f"pid {pid}"
+    return f"pid {pid} (user {p.user}): {_mask_cmdline(p.args, redact)[:500]}"
+
+
+def describe_port_holders(host: Host, port: int, redact: Redactor | None = None) -> str:
+    owners = host.port_owners(port)
+    if not owners:
+        return "a process this user cannot see (another user's)"
+    procs = {p.pid: p for p in host.processes()}
+    return "; ".join(describe_process(procs.get(pid), pid, redact or Redactor()) for pid in owners)
 
 
 def kill_server(
@@ -155,15 +236,27 @@ def kill_server(
     profile: ServerProfile,
     handle: ServerHandle | None = None,
     *,
+    token: str | None = None,
     logger: Logger | None = None,
 ) -> KillReport:
-    """Stop everything that belongs to the server and verify it is gone. Nothing running is fine."""
+    """Stop the server of ``handle`` (or of the start ``token``), else specsweep's leftovers for the
+    profile's port, and verify they are gone. Nothing running is fine; a port held by a process
+    specsweep did not start is reported (``port_free`` False), never touched."""
     log = logger or _log
     redact = profile.redactor()
     start = time.monotonic()
     procs = {p.pid: p for p in host.processes()}
-    found = find_server_processes(host, profile, handle)
+    found = find_server_processes(host, profile, handle, token=token)
+    return _kill(host, profile, found, procs, handle, token=token, log=log, redact=redact, start=start)
+
+
+def _kill(host: Host, profile: ServerProfile, found: dict[int, str], procs: dict[int, ProcessInfo],
+          handle: ServerHandle | None, *, token: str | None, log: Logger, redact: Redactor,
+          start: float) -> KillReport:
     killed: dict[int, KilledProcess] = {}
+    visible = handle.cuda_visible_devices if handle is not None else None
+    if found and handle is None:
+        visible = host.environ_value(min(found), "CUDA_VISIBLE_DEVICES")
     for pid, reason in found.items():
         p = procs.get(pid)
         killed[pid] = KilledProcess(
@@ -178,7 +271,9 @@ def kill_server(
     if found:
         protected = _protected_pids(host, procs)
         own_groups = {procs[p].pgid for p in protected if p in procs}
-        groups = {k.pgid for k in killed.values() if k.pgid not in own_groups and k.pgid > 1}
+        # Whole groups only where every member is one this kill takes.
+        groups = {k.pgid for k in killed.values() if k.pgid not in own_groups and k.pgid > 1
+                  and all(p.pid in found for p in procs.values() if p.pgid == k.pgid and p.alive)}
 
         def send(sig: int, pids: set[int]) -> None:
             for g in sorted(groups):
@@ -209,40 +304,36 @@ def kill_server(
                 "Check them with ps; a reboot may be needed."
             )
         # Anything that appeared meanwhile (a child forked during shutdown) goes too.
-        late = find_server_processes(host, profile, handle)
+        late = find_server_processes(host, profile, handle, token=token)
         if late:
             for pid, reason in late.items():
                 log.warning("a late process %d (%s) appeared during the kill: SIGKILL", pid, reason)
             host.signal_pids(sorted(late), signal.SIGKILL)
 
-    if not found and host.port_listening(profile.port):
-        # Nothing was found to kill, yet the port is taken: by a process this kill must spare
-        # (its own process tree) or cannot see (another user's). start_server refuses the port,
-        # naming the holder.
-        log.warning("port %d on %s is held by a process that is not this server's: %s",
-                    profile.port, host.label, describe_port_holders(host, profile.port, redact))
-        port_free, foreign = False, True
-    else:
-        port_free, foreign = host.wait_until(lambda: not host.port_listening(profile.port), timeout=10), False
-    if not port_free and not foreign:
-        owners = host.port_owners(profile.port)
-        raise KillError(
-            f"port {profile.port} on {host.label} is still in use after the kill "
-            f"(pids {owners or 'unknown: not visible to this user'}). "
-            "Stop that process by hand or choose another port."
-        )
+    port_free = True
+    if host.port_listening(profile.port):
+        # Ours may take a moment to let go of it; anyone else's is left alone.
+        port_free = bool(found) and host.wait_until(lambda: not host.port_listening(profile.port), timeout=10)
+        if not port_free:
+            holders = set(host.port_owners(profile.port))
+            if holders & set(found):
+                raise KillError(f"port {profile.port} on {host.label} is still held by {sorted(holders & set(found))} "
+                                "after the kill. Stop them by hand or choose another port.")
+            log.warning("port %d on %s is held by a process specsweep did not start, left alone: %s",
+                        profile.port, host.label, describe_port_holders(host, profile.port, redact))
 
-    gpu = _gpu_memory(host, profile.env)
+    gpu = _gpu_memory(host, visible) if found else None
     if gpu is not None:
         deadline = time.monotonic() + profile.gpu_memory_timeout_s
         while any(m >= profile.gpu_memory_free_mib for m in gpu) and time.monotonic() < deadline:
             time.sleep(1.0)
-            gpu = _gpu_memory(host, profile.env) or []
+            gpu = _gpu_memory(host, visible) or []
         if any(m >= profile.gpu_memory_free_mib for m in gpu):
+            which = f"GPUs {visible}" if visible is not None else "its GPUs"
             raise KillError(
-                f"GPU memory on {host.label} is still in use after the kill ({gpu} MiB, limit "
-                f"{profile.gpu_memory_free_mib} MiB after {profile.gpu_memory_timeout_s:.0f} s). "
-                "Look for leftover processes with nvidia-smi and add their names to cleanup_patterns."
+                f"GPU memory of the server's {which} on {host.label} is still in use after the kill ({gpu} MiB, "
+                f"limit {profile.gpu_memory_free_mib} MiB after {profile.gpu_memory_timeout_s:.0f} s). "
+                "Look for leftover processes with nvidia-smi."
             )
 
     report = KillReport(
@@ -257,16 +348,34 @@ def kill_server(
     return report
 
 
-def describe_port_holders(host: Host, port: int, redact: Redactor | None = None) -> str:
-    owners = host.port_owners(port)
-    if not owners:
-        return "a process this user cannot see"
-    procs = {p.pid: p for p in host.processes()}
-    redact = redact or Redactor()
-    return "; ".join(
-        f"pid {pid} ({_mask_cmdline(procs[pid].args, redact)[:200]})" if pid in procs else f"pid {pid}"
-        for pid in owners
-    )
+def _take_port(host: Host, profile: ServerProfile, log: Logger, redact: Redactor) -> None:
+    """kill_port_holder: stop what holds the port, if it is the SSH user's (and its descendants)."""
+    owners = host.port_owners(profile.port)
+    procs = {p.pid: p for p in host.processes() if p.alive}
+    me = host.login_uid()
+    foreign = [pid for pid in owners if pid not in procs or procs[pid].uid != me]
+    if not owners or foreign:
+        who = describe_port_holders(host, profile.port, redact)
+        raise PortBusyError(
+            f"port {profile.port} on {host.label} is held by {who}, not a process of the SSH user "
+            f"{host.login_user()}: kill_port_holder only takes the SSH user's own processes. Ask its owner to "
+            "stop it, or choose another port."
+        )
+    protected = _protected_pids(host, procs)
+    found: dict[int, str] = {pid: f"holds port {profile.port} (kill_port_holder)" for pid in owners
+                             if pid not in protected}
+    children: dict[int, list[int]] = {}
+    for p in procs.values():
+        children.setdefault(p.ppid, []).append(p.pid)
+    stack = list(found)
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in found and procs[child].uid == me and child not in protected:
+                found[child] = "child of the port's holder"
+                stack.append(child)
+    log.warning("port %d is held by %s: killing it first (kill_port_holder is set)",
+                profile.port, describe_port_holders(host, profile.port, redact))
+    _kill(host, profile, found, procs, None, token=None, log=log, redact=redact, start=time.monotonic())
 
 
 def start_server(
@@ -274,38 +383,88 @@ def start_server(
     profile: ServerProfile,
     *,
     kill_port_holder: bool = False,
+    token: str | None = None,
     logger: Logger | None = None,
 ) -> ServerHandle:
-    """Launch the server detached, in its own session, logging to the profile's log file."""
+    """Launch the server detached, in its own session, logging to the profile's log file; its
+    environment carries ``token`` (a new one when not given), by which a kill finds it.
+
+    The start is sent once. Not sent (the link was down): sent again. Sent, answer lost: whatever
+    it started is killed and the port checked before it is sent again; if that cannot be done,
+    ``StartUnverifiedError`` (never retried: a server may be running)."""
     log = logger or _log
     redact = profile.redactor()
+    token = token or new_token()
     if host.port_listening(profile.port):
-        holders = describe_port_holders(host, profile.port, redact)
         if not kill_port_holder:
             raise PortBusyError(
-                f"port {profile.port} on {host.label} is already in use by {holders}. "
-                "Stop it (specsweep server kill), choose another port, or set kill_port_holder to kill it first."
+                f"port {profile.port} on {host.label} is already in use by "
+                f"{describe_port_holders(host, profile.port, redact)}, which specsweep did not start (or another "
+                "run's server holds it). Stop that process (kill PID, as its user), choose another port, or set "
+                "kill_port_holder to have specsweep kill it first (only processes of the SSH user)."
             )
-        log.warning("port %d is held by %s: killing it first (kill_port_holder is set)", profile.port, holders)
-        kill_server(host, profile, logger=log)
+        _take_port(host, profile, log, redact)
+    if profile.key_on_command_line:
+        log.warning("%s takes its API key as an argument ({api_key} in argv): every user of %s can read it with "
+                    "ps. Use api_key_env where the engine reads the key from its environment.", profile.name,
+                    host.label)
     command = profile.masked_command()
     log.info("starting %s on %s: %s", profile.name, host.label, command)
     started_at = time.time()
-    pid = host.start_detached(
-        profile.launch_argv(), log_path=profile.resolved_log_path, env=profile.launch_env(), cwd=profile.cwd
-    )
+    for attempt in (1, 2):
+        try:
+            started = host.start_detached(
+                profile.launch_argv(), log_path=profile.resolved_log_path, env=profile.launch_env(token),
+                cwd=profile.cwd,
+            )
+            break
+        except CommandNotSentError as exc:
+            if attempt == 2:
+                raise
+            log.warning("the start of %s was not sent (%s): sending it again", profile.name, exc)
+        except CommandOutcomeUnknown as exc:
+            log.warning("the start of %s may have run, its answer was lost (%s): removing whatever it started "
+                        "before trying again", profile.name, exc)
+            try:
+                report = kill_server(host, profile, token=token, logger=log)
+            except SpecsweepError as again:
+                raise StartUnverifiedError(
+                    f"the start of {profile.name} on {host.label} may have started a server, and it could not be "
+                    f"checked ({again}). Not trying again: the next run's leftover kill, or `specsweep server kill` "
+                    "with this profile, removes it."
+                ) from None
+            if not report.port_free:
+                raise PortBusyError(f"port {profile.port} on {host.label} was taken by "
+                                    f"{describe_port_holders(host, profile.port, redact)} during the start") from None
+            if attempt == 2:
+                raise ServerStartError(f"the start of {profile.name} on {host.label} lost its answer twice ({exc}); "
+                                       "what it started was removed") from None
+    else:  # pragma: no cover - the loop always breaks or raises
+        raise ServerStartError("unreachable")
     handle = ServerHandle(
         name=profile.name,
         host=host.label,
-        pid=pid,
-        pgid=pid,
+        pid=started.pid,
+        pgid=started.pid,
         port=profile.port,
-        log_path=profile.resolved_log_path,
+        log_path=started.log_path,
         command=command,
         started_at=started_at,
+        token=token,
+        cuda_visible_devices=_visible_devices(host, profile, started.pid),
     )
-    log.info("server %s started: pid %d, log %s", profile.name, pid, handle.log_path)
+    log.info("server %s started: pid %d, log %s", profile.name, started.pid, handle.log_path)
     return handle
+
+
+def _visible_devices(host: Host, profile: ServerProfile, pid: int) -> str | None:
+    """The server's CUDA_VISIBLE_DEVICES: from its own environment where it can be read (the login's
+    environment may set it too), else the profile's."""
+    try:
+        value = host.environ_value(pid, "CUDA_VISIBLE_DEVICES")
+    except HostError:
+        value = None
+    return value if value is not None else profile.env.get("CUDA_VISIBLE_DEVICES")
 
 
 def raise_if_exited(host: Host, profile: ServerProfile, handle: ServerHandle, when: str) -> None:
@@ -323,22 +482,30 @@ def raise_if_exited(host: Host, profile: ServerProfile, handle: ServerHandle, wh
 
 
 def find_handle(host: Host, profile: ServerProfile) -> ServerHandle | None:
-    """Rebuild the handle of a server specsweep started for this profile's port, if one runs."""
+    """Rebuild the handle of a server specsweep started for this profile's port, if one runs (the
+    login user's)."""
+    me = host.login_uid()
     pids = set(host.pids_with_env(MARKER_ENV, str(profile.port)))
-    procs = [p for p in host.processes() if p.pid in pids and p.alive]
+    procs = [p for p in host.processes() if p.pid in pids and p.alive and p.uid == me]
     leaders = [p for p in procs if p.pid == p.pgid] or procs
     if not leaders:
         return None
     leader = min(leaders, key=lambda p: p.pid)
     elapsed = host.run(["ps", "-o", "etimes=", "-p", str(leader.pid)], timeout=30).stdout.strip()
     started_at = time.time() - (int(elapsed) if elapsed.isdigit() else 0)
+    log_path = profile.resolved_log_path
+    if log_path.startswith("~/"):
+        home = host.run(["sh", "-c", 'printf %s "$HOME"'], timeout=30).stdout
+        log_path = f"{home}/{log_path[2:]}"
     return ServerHandle(
         name=profile.name,
         host=host.label,
         pid=leader.pid,
         pgid=leader.pgid,
         port=profile.port,
-        log_path=profile.resolved_log_path,
+        log_path=log_path,
         command=_mask_cmdline(leader.args, profile.redactor()),
         started_at=started_at,
+        token=host.environ_value(leader.pid, START_ENV) or "",
+        cuda_visible_devices=host.environ_value(leader.pid, "CUDA_VISIBLE_DEVICES"),
     )

@@ -13,9 +13,10 @@ from collections.abc import Sequence
 from specsweep.errors import ConfigError
 from specsweep.profiles import ServerProfile, make_profile
 
-# SGLang's scheduler and detokenizer processes rename themselves "sglang::scheduler_TP0"
-# and the like, and can outlive the launcher: kill them by name as well.
-SGLANG_CLEANUP = [r"sglang::", r"sglang\.launch_server"]
+# SGLang's launcher and its scheduler and detokenizer processes (they rename themselves
+# "sglang::scheduler_TP0" and the like, and can outlive the launcher), and the simulator's
+# launcher: the leftover kill takes marked processes of these names only.
+SGLANG_CLEANUP = [r"sglang::", r"sglang\.launch_server", r"-m specsweep\.sim\b"]
 
 
 def sglang_baseline(

@@ -20,8 +20,18 @@ from specsweep.redact import Redactor, mask_argv, mask_env, refuse_key_parameter
 Engine = Literal["sglang", "vllm", "llamacpp", "custom"]
 
 #: Set in every server's environment; inherited by all its descendants, even those that
-#: leave its session, so a kill finds them all (and leftovers of earlier runs).
+#: leave its session, so a kill finds them all (and leftovers of earlier runs). A kill takes
+#: only processes that carry it and belong to the login user: nothing else is ever touched.
 MARKER_ENV = "SPECSWEEP_SERVER_PORT"
+#: A token of one start, also in the server's environment: what the final kill and the cleanup
+#: hooks take (the server this run started, not another run's on the same port).
+START_ENV = "SPECSWEEP_START"
+
+#: Where server logs go by default: a directory of the SSH user's own (0700).
+DEFAULT_LOG_DIR = "~/.specsweep/logs"
+
+# Command lines a cleanup pattern must not all match: a pattern that does takes every process.
+_UNRELATED_COMMANDS = ("x", "0", "sleep 1", "/usr/sbin/sshd -D", "-bash", "python3 train.py --epochs 3")
 
 PLACEHOLDERS = ("{host}", "{port}", "{api_key}")
 
@@ -69,16 +79,26 @@ class ProfileParams(BaseModel):
         "is noticed within about half of it, on average)."
     )
     log_path: str | None = Field(
-        None, description="Server log file on the host; default /tmp/specsweep/<name>-<port>.log."
+        None, description=f"Server log file on the host (absolute, or ~/...), in a directory of the SSH user's own "
+        f"that nobody else may write; default {DEFAULT_LOG_DIR}/<name>-<port>.log (created 0700)."
     )
     cleanup_patterns: list[str] = Field(
         default_factory=list,
-        description="Regular expressions matched against process command lines; matching processes are "
-        "leftovers to kill (e.g. 'sglang::scheduler', whose processes escape the launcher's tree).",
+        description="Regular expressions that narrow the leftover kill before a start: of the processes specsweep "
+        "started for this port (they carry its marker and belong to the SSH user), only those whose command line "
+        "matches one are taken (e.g. 'sglang::' and 'sglang\\.launch_server'). They never add a process specsweep "
+        "did not start; a pattern that matches any command line is refused. Empty: every such leftover.",
     )
     api_key_secret: str | None = Field(
-        None, description="Name of a Prefect Secret block holding the server's API key ({api_key} in argv; sent "
-        "as a bearer token). Flows read it at run time, so the key never becomes a parameter."
+        None, description="Name of a Prefect Secret block holding the server's API key (sent as a bearer token, "
+        "and given to the server in api_key_env). Flows read it at run time, so the key never becomes a parameter."
+    )
+    api_key_env: str | None = Field(
+        None, description="Environment variable the engine reads its API key from (vLLM: VLLM_API_KEY; llama.cpp: "
+        "LLAMA_API_KEY): the key reaches the server through its environment, which no other user can read. "
+        "{api_key} in argv also works, for an engine that only takes a flag (SGLang's --api-key), but then every "
+        "user of the host sees the key in ps.",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
     )
     kill_grace_s: float = Field(10.0, ge=0, le=600, description="Time between SIGTERM and SIGKILL.")
     gpu_memory_free_mib: int = Field(
@@ -104,8 +124,8 @@ class ProfileParams(BaseModel):
         for key in env:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
                 raise ValueError(f"environment variable name {key!r} is not valid: use letters, digits and _")
-            if key == MARKER_ENV:
-                raise ValueError(f"{MARKER_ENV} is set by specsweep itself")
+            if key in (MARKER_ENV, START_ENV):
+                raise ValueError(f"{key} is set by specsweep itself")
         return env
 
     @field_validator("cleanup_patterns")
@@ -118,9 +138,17 @@ class ProfileParams(BaseModel):
                 re.compile(p)
             except re.error as exc:
                 raise ValueError(f"cleanup pattern {p!r} is not a valid regular expression: {exc}") from None
-            if not p.strip():
-                raise ValueError("an empty cleanup pattern would match every process")
+            if not p.strip() or all(re.search(p, cmd) for cmd in _UNRELATED_COMMANDS):
+                raise ValueError(f"cleanup pattern {p!r} matches any command line: give one that names the "
+                                 "server's own processes, e.g. 'sglang::'")
         return patterns
+
+    @field_validator("log_path")
+    @classmethod
+    def _log_path(cls, path: str | None) -> str | None:
+        if path is not None and not (path.startswith("/") or path.startswith("~/")):
+            raise ValueError(f"log_path {path!r} must be absolute or start with ~/ (the SSH user's home)")
+        return path
 
     @field_validator("health_path", "probe_path")
     @classmethod
@@ -149,7 +177,7 @@ class ServerProfile(ProfileParams):
 
     @property
     def resolved_log_path(self) -> str:
-        return self.log_path or f"/tmp/specsweep/{self.name}-{self.port}.log"
+        return self.log_path or f"{DEFAULT_LOG_DIR}/{self.name}-{self.port}.log"
 
     def launch_argv(self) -> list[str]:
         """argv with placeholders filled in. Plain replacement, so JSON arguments keep their braces."""
@@ -165,8 +193,16 @@ class ServerProfile(ProfileParams):
             out.append(arg)
         return out
 
-    def launch_env(self) -> dict[str, str]:
-        return {**self.env, MARKER_ENV: str(self.port)}
+    def launch_env(self, token: str = "") -> dict[str, str]:
+        """The server's environment: the profile's, the API key where the engine reads it, the markers.
+        (The start sends it on stdin: nothing of it is on a command line.)"""
+        key = {self.api_key_env: self.api_key.get_secret_value()} if self.api_key_env and self.api_key else {}
+        return {**self.env, **key, MARKER_ENV: str(self.port), **({START_ENV: token} if token else {})}
+
+    @property
+    def key_on_command_line(self) -> bool:
+        """The API key is an argument of the server (the engine takes it only as a flag): visible in ps."""
+        return self.api_key is not None and any("{api_key}" in a for a in self.argv)
 
     def redactor(self) -> Redactor:
         argv = self.launch_argv()

@@ -7,7 +7,7 @@ import logging
 from prefect import get_run_logger
 from prefect.client.schemas.objects import State, TaskRun
 
-from specsweep.errors import HostError, HostKeyError
+from specsweep.errors import CommandOutcomeUnknown, HostError, HostKeyError
 from specsweep.hosts import Host
 from specsweep.profiles import ServerProfile
 from specsweep.redact import RedactingLogger, Redactor
@@ -23,10 +23,11 @@ def run_logger(profile: ServerProfile | None = None, host: Host | None = None) -
 
 
 def retry_transient(task: object, task_run: TaskRun, state: State) -> bool:
-    """Retry when a host could not be reached or a connection dropped; never on a bad host key."""
+    """Retry when a host could not be reached or a connection dropped; never on a bad host key, nor
+    after a command that must run once may have run."""
     try:
         state.result()
-    except HostKeyError:
+    except (HostKeyError, CommandOutcomeUnknown):
         return False
     except HostError:
         return True

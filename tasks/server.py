@@ -29,13 +29,16 @@ from specsweep.stages import LifecycleOptions
 from specsweep.sweep import BenchTarget
 from specsweep.tunnel import ServerPath, open_path
 from tasks._common import retry_transient, run_logger
+from tasks.started import StartRecord, forget_start, record_start
 
 
 @task(name="kill_server", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[2, 5], timeout_seconds=900)
-async def kill_server(host: Host, profile: ServerProfile, handle: ServerHandle | None = None) -> KillReport:
-    """Stop the server and any leftovers on its port; verify nothing is left."""
+async def kill_server(host: Host, profile: ServerProfile, handle: ServerHandle | None = None,
+                      token: str | None = None) -> KillReport:
+    """Stop the server of ``handle`` (or of the start ``token``), else specsweep's leftovers for the
+    profile's port (the SSH user's processes that carry its marker); verify nothing is left."""
     logger = run_logger(profile, host)
-    return await asyncio.to_thread(lifecycle.kill_server, host, profile, handle, logger=logger)
+    return await asyncio.to_thread(lifecycle.kill_server, host, profile, handle, token=token, logger=logger)
 
 
 @task(
@@ -46,11 +49,14 @@ async def kill_server(host: Host, profile: ServerProfile, handle: ServerHandle |
     retry_condition_fn=retry_transient,
     timeout_seconds=300,
 )
-async def start_server(host: Host, profile: ServerProfile, kill_port_holder: bool = False) -> ServerHandle:
-    """Launch the server detached; a busy port is an error unless kill_port_holder is set."""
+async def start_server(host: Host, profile: ServerProfile, kill_port_holder: bool = False,
+                       token: str | None = None) -> ServerHandle:
+    """Launch the server detached, its environment carrying the start's ``token``; a busy port is an
+    error unless kill_port_holder is set (and the holder is the SSH user's). Sent once: a retry
+    follows only a start that was not sent, or one whose processes were found and removed."""
     logger = run_logger(profile, host)
     return await asyncio.to_thread(lifecycle.start_server, host, profile, kill_port_holder=kill_port_holder,
-                                   logger=logger)
+                                   token=token, logger=logger)
 
 
 @task(name="wait_for_health", cache_policy=NO_CACHE, retries=0)
@@ -107,44 +113,63 @@ class Served:
 async def served(host: Host, config: HostConfig, profile: ServerProfile, stages: LifecycleOptions,
                  request: RequestOptions, *, marker: str) -> AsyncIterator[Served]:
     """kill leftovers → the client's path (a tunnel for an SSH host) → start → wait until ready; and,
-    however the block ends, the final kill and the path closed.
+    however the block ends, the final kill (of this start's server only) and the path closed.
 
     A final kill that cannot reach the server is an error of its own (the server may still be
     running); when the block failed already, it is added to that error as a note. ``marker``
-    names this run's tunnels, for the cleanup hooks of a run that crashed.
+    (the flow run's id) names this run's tunnels and its record of the start (``tasks.started``),
+    by which the cleanup hooks of a run that crashed find the server it started, and only that.
     """
     kill = kill_server.with_options(**stages.kill.task_options())
     await kill(host, profile)
     handle = None
+    token = lifecycle.new_token()
+    record = StartRecord(flow_run=marker, host=host.label, profile=profile.name, port=profile.port, token=token) \
+        if marker else None
     path = await open_server_path(host, config, profile, marker)
     try:
-        handle = await start_server.with_options(**stages.start.task_options())(host, profile, stages.kill_port_holder)
+        if record is not None:
+            await record_start(record)
+        start = start_server.with_options(**stages.start.task_options())
+        handle = await start(host, profile, stages.kill_port_holder, token)
         ready = await wait_for_health.with_options(**stages.wait.task_options())(host, profile, handle, path)
         target = BenchTarget(base_url=path.url, request=request, engine=profile.engine)
         yield Served(host, profile, handle, ready, target, path)
     except BaseException as exc:
-        problem = await _final_kill(kill, host, profile, handle)
+        problem = await _final_kill(kill, host, profile, handle, token)
         await asyncio.to_thread(path.close)
         if problem is not None:
             exc.add_note(f"the server may still be running: {problem}")
+        elif record is not None:
+            await _forget(record)
         raise
-    problem = await _final_kill(kill, host, profile, handle)
+    problem = await _final_kill(kill, host, profile, handle, token)
     await asyncio.to_thread(path.close)
     if problem is not None:
         raise problem
+    if record is not None:
+        await _forget(record)
+
+
+async def _forget(record: StartRecord) -> None:
+    try:
+        await forget_start(record.flow_run, record.token)
+    except Exception as exc:  # noqa: BLE001 - bookkeeping: the hooks then find nothing of it running
+        run_logger().warning("could not remove the record of start %s: %s", record.token[:8], exc)
 
 
 async def _final_kill(kill: Callable[..., Awaitable[KillReport]], host: Host, profile: ServerProfile,
-                      handle: ServerHandle | None) -> Exception | None:
-    """The final kill, however the run ends; the error when the server could not be reached."""
+                      handle: ServerHandle | None, token: str) -> Exception | None:
+    """The final kill of this start's server (by its token), however the run ends; the error when the
+    server could not be reached."""
     logger = run_logger(profile, host)
     try:
-        await kill(host, profile, handle)
+        await kill(host, profile, handle, token)
         return None
     except BaseException as exc:  # noqa: BLE001 - the server must go even if Prefect cannot run a task now
         logger.warning("kill_server task could not run (%s): killing directly", exc)
     try:
-        await asyncio.to_thread(lifecycle.kill_server, host, profile, handle)
+        await asyncio.to_thread(lifecycle.kill_server, host, profile, handle, token=token)
         return None
     except Exception as exc:  # noqa: BLE001
         logger.error("could not kill %s on %s (%s). It may still be running there: the next run on this host "

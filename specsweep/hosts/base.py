@@ -10,6 +10,7 @@ Implementations differ only in how they run one command: ``LocalHost`` with
 from __future__ import annotations
 
 import re
+import shlex
 import signal
 import time
 from abc import ABC, abstractmethod
@@ -49,6 +50,8 @@ class ProcessInfo:
     ppid: int
     pgid: int
     sid: int
+    uid: int
+    user: str
     state: str
     args: str
 
@@ -65,19 +68,61 @@ class _Env:
         return [f"{k}={v}" for k, v in self.values.items()]
 
 
-# Truncates the log, enters cwd, and starts "$@" in a new session with the log as its
-# output. setsid does not fork here (the background child is not a group leader), so
-# $! is the server's pid, its process group id and its session id.
-_START_SCRIPT = r"""log=$1; cwd=$2; shift 2
-mkdir -p -- "$(dirname -- "$log")" || exit 97
+# The environment arrives on stdin as `export NAME='value'` lines (names checked, values quoted with
+# shlex.quote), so that no value, secrets included, is ever on a command line that ps shows every
+# user. The log goes to a directory private to the login user: created 0700 where missing (a
+# leading ~/ is the login's home), refused when it is a symbolic link, another user's, or
+# writable by others; the log itself is created 0600 and never followed through a link. Then it
+# enters cwd and starts "$@" in a new session with the log as its output. setsid does not fork
+# here (the background child is not a group leader), so $! is the server's pid, its process
+# group id and its session id. It prints the pid and the log's path.
+_START_SCRIPT = r"""umask 077
+log=$1; cwd=$2; shift 2
+eval "$(cat)" || exit 95
+case $log in "~/"*) log=$HOME/${log#"~/"};; esac
+dir=$(dirname -- "$log")
+if [ ! -e "$dir" ] && [ ! -L "$dir" ]; then mkdir -p -m 700 -- "$dir" || exit 97; fi
+if [ -L "$dir" ] || [ ! -d "$dir" ]; then echo "$dir is a symbolic link or not a directory" >&2; exit 96; fi
+if [ ! -O "$dir" ]; then echo "$dir belongs to another user" >&2; exit 96; fi
+case $(stat -c %a -- "$dir") in
+  *[2367]? | *[2367]) echo "$dir is writable by other users" >&2; exit 96;;
+esac
+if [ -L "$log" ]; then echo "$log is a symbolic link" >&2; exit 96; fi
+if [ -e "$log" ] && [ ! -O "$log" ]; then echo "$log belongs to another user" >&2; exit 96; fi
 : > "$log" || exit 97
+chmod 600 -- "$log" || exit 97
 if [ -n "$cwd" ]; then cd -- "$cwd" || exit 98; fi
 setsid "$@" </dev/null >>"$log" 2>&1 &
-echo $!"""
+echo "$! $log"
+"""
+
+#: How long the start command may take to answer (it returns as soon as the server is forked).
+START_COMMAND_TIMEOUT_S = 60.0
+
+
+def env_script(env: Mapping[str, str]) -> bytes:
+    """The environment as the start script reads it from stdin: one quoted export per variable."""
+    lines = []
+    for name, value in env.items():
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise ServerStartError(f"environment variable name {name!r} is not valid: use letters, digits and _")
+        lines.append(f"export {name}={shlex.quote(value)}\n")
+    return "".join(lines).encode()
+
+
+@dataclass(frozen=True)
+class Started:
+    """What a detached start reports: the pid (also its process group and session) and the log's path."""
+
+    pid: int
+    log_path: str
+
 
 _READ_FROM_SCRIPT = r"""tail -c +"$1" -- "$2" 2>/dev/null | head -c "$3" """
 
 _ENVIRON_SCRIPT = r"""grep -lsazx -e "$1" /proc/[0-9]*/environ; exit 0"""
+
+_ENVIRON_VALUE_SCRIPT = r"""tr '\0' '\n' < "/proc/$1/environ" 2>/dev/null | sed -n "s/^$2=/=/p" | head -n 1"""
 
 _SS_PID = re.compile(r"pid=(\d+)")
 
@@ -87,6 +132,8 @@ class Host(ABC):
 
     #: A short name for logs and handles, such as ``local`` or ``user@gpu-01:22``.
     label: str
+    _login_uid: int | None = None
+    _login_user: str | None = None
 
     @abstractmethod
     def run(
@@ -139,18 +186,26 @@ class Host(ABC):
         log_path: str,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
-    ) -> int:
-        """Start ``argv`` in a new session, detached from this connection, and return its pid.
+    ) -> Started:
+        """Start ``argv`` in a new session, detached from this connection: its pid and log path.
 
-        The pid is also the process group id. The log file is truncated first; stdout and
-        stderr go to it. The process survives the end of the SSH connection.
+        The pid is also the process group id. The log file (in a directory private to the login
+        user) is truncated first; stdout and stderr go to it. The environment travels on stdin,
+        never on a command line. The process survives the end of the SSH connection.
+
+        Sent at most once: ``CommandNotSentError`` when it was not sent (safe to send again),
+        ``CommandOutcomeUnknown`` when its answer was lost (it may have started a server).
         """
         if not argv:
             raise ServerStartError("nothing to start: the launch argv is empty")
-        env_argv = ["env", "--", *_Env(dict(env or {})).argv()] if env else []
-        script = ["sh", "-c", _START_SCRIPT, "sh", log_path, cwd or "", *env_argv, *argv]
-        # Never run twice: a start whose answer was lost may have started a server already.
-        result = self.run(script, timeout=60.0, retry=False)
+        script = ["sh", "-c", _START_SCRIPT, "sh", log_path, cwd or "", *argv]
+        result = self.run(script, timeout=START_COMMAND_TIMEOUT_S, retry=False, input=env_script(env or {}))
+        if result.exit_code == 96:
+            raise ServerStartError(
+                f"the server log {log_path!r} on {self.label} is not private: {result.stderr.strip()}. Logs go to a "
+                "directory of the SSH user's own, not a symbolic link and writable by nobody else: choose such a "
+                "log_path, or leave it empty for ~/.specsweep/logs."
+            )
         if result.exit_code == 97:
             raise ServerStartError(
                 f"cannot write the server log {log_path!r} on {self.label}: {result.stderr.strip()}. "
@@ -161,12 +216,13 @@ class Host(ABC):
                 f"cannot enter the working directory {cwd!r} on {self.label}: {result.stderr.strip()}. "
                 "Check the profile's cwd."
             )
-        if not result.ok or not result.stdout.strip().isdigit():
+        pid, _, path = result.stdout.strip().partition(" ")
+        if not result.ok or not pid.isdigit():
             raise ServerStartError(
                 f"launching the server on {self.label} failed (exit {result.exit_code}): "
                 f"{result.stderr.strip() or result.stdout.strip()}"
             )
-        return int(result.stdout.strip())
+        return Started(int(pid), path or log_path)
 
     def signal_group(self, pgid: int, sig: int = signal.SIGTERM) -> bool:
         """Send ``sig`` to a whole process group. False when no such group exists."""
@@ -177,16 +233,31 @@ class Host(ABC):
             self.run(["kill", f"-{int(sig)}", "--", *(str(int(p)) for p in pids)], timeout=30)
 
     def processes(self) -> list[ProcessInfo]:
-        """Every process on the host (that the user may see), from ``ps``."""
-        out = self._checked(["ps", "-eo", "pid=,ppid=,pgid=,sid=,stat=,args="]).stdout
+        """Every process on the host (that the user may see), with its owner, from ``ps``."""
+        out = self._checked(["ps", "-ww", "-eo", "pid=,ppid=,pgid=,sid=,uid=,user:64=,stat=,args="]).stdout
         procs = []
         for line in out.splitlines():
-            parts = line.split(None, 5)
-            if len(parts) < 5:
+            parts = line.split(None, 7)
+            if len(parts) < 7 or not parts[4].isdigit():
                 continue
-            pid, ppid, pgid, sid, state = parts[:5]
-            procs.append(ProcessInfo(int(pid), int(ppid), int(pgid), int(sid), state, parts[5] if len(parts) > 5 else ""))
+            pid, ppid, pgid, sid, uid, user, state = parts[:7]
+            procs.append(ProcessInfo(int(pid), int(ppid), int(pgid), int(sid), int(uid), user, state,
+                                     parts[7] if len(parts) > 7 else ""))
         return procs
+
+    def login_uid(self) -> int:
+        """The uid commands run as on this host (the SSH user's): kills only ever take its processes."""
+        if self._login_uid is None:
+            out = self._checked(["id", "-u"]).stdout.strip()
+            if not out.isdigit():
+                raise CommandError(f"id -u on {self.label} printed {out!r}, not a uid")
+            self._login_uid = int(out)
+        return self._login_uid
+
+    def login_user(self) -> str:
+        if self._login_user is None:
+            self._login_user = self._checked(["id", "-un"]).stdout.strip() or str(self.login_uid())
+        return self._login_user
 
     def pid_alive(self, pid: int) -> bool:
         """True while ``pid`` exists and is not a zombie."""
@@ -198,6 +269,13 @@ class Host(ABC):
         """Pids whose environment holds exactly ``name=value`` (inherited by every descendant)."""
         out = self.run(["sh", "-c", _ENVIRON_SCRIPT, "sh", f"{name}={value}"], timeout=30).stdout
         return sorted(int(m) for m in re.findall(r"/proc/(\d+)/environ", out))
+
+    def environ_value(self, pid: int, name: str) -> str | None:
+        """The value of ``name`` in a process's environment (None when unset or unreadable)."""
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise ValueError(f"not an environment variable name: {name!r}")
+        out = self.run(["sh", "-c", _ENVIRON_VALUE_SCRIPT, "sh", str(int(pid)), name], timeout=30).stdout
+        return out.rstrip("\n")[1:] if out.startswith("=") else None
 
     def port_owners(self, port: int) -> list[int]:
         """Pids of the processes listening on TCP ``port`` (any address)."""

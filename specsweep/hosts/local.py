@@ -6,7 +6,7 @@ import subprocess
 import time
 from collections.abc import Sequence
 
-from specsweep.errors import HostError
+from specsweep.errors import CommandNotSentError, CommandOutcomeUnknown, HostError
 from specsweep.hosts.base import CommandResult, Host
 
 
@@ -23,8 +23,9 @@ class LocalHost(Host):
             proc = subprocess.run(argv, capture_output=True, timeout=timeout, input=input,
                                   stdin=subprocess.DEVNULL if input is None else None)
         except subprocess.TimeoutExpired as exc:
-            raise HostError(f"{argv[0]} did not finish within {timeout} s on {self.label}") from exc
+            error = HostError if retry else CommandOutcomeUnknown  # it ran, and may have done its work
+            raise error(f"{argv[0]} did not finish within {timeout} s on {self.label}") from exc
         except FileNotFoundError as exc:
-            raise HostError(f"{argv[0]} is not installed on {self.label}: {exc}") from exc
+            raise CommandNotSentError(f"{argv[0]} is not installed on {self.label}: {exc}") from exc
         result = CommandResult(argv, proc.returncode, proc.stdout, proc.stderr, time.perf_counter() - start)
         return self._raise_for(result) if check else result

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import paramiko
 
-from specsweep.errors import HostError, HostKeyError
+from specsweep.errors import CommandNotSentError, CommandOutcomeUnknown, HostError, HostKeyError
 from specsweep.hosts.base import CommandResult, Host
 from specsweep.hosts.config import SSHEndpoint
 
@@ -228,14 +228,17 @@ class SSHHost(Host):
     # -- commands -------------------------------------------------------------------------
 
     def _open_session(self) -> paramiko.Channel:
+        """A session channel; nothing has been sent on it yet, so any failure here is "not sent"."""
         try:
-            return self._transport().open_session(timeout=self.endpoint.connect_timeout_s)
-        except (paramiko.SSHException, OSError, EOFError):
-            # The transport died between commands: one reconnect, then give up.
             try:
+                return self._transport().open_session(timeout=self.endpoint.connect_timeout_s)
+            except (paramiko.SSHException, OSError, EOFError):
+                # The transport died between commands: one reconnect, then give up.
                 return self._transport(reconnect=True).open_session(timeout=self.endpoint.connect_timeout_s)
-            except (paramiko.SSHException, OSError, EOFError) as exc:
-                raise HostError(f"SSH connection to {self.label} is down and did not come back: {exc}") from None
+        except HostKeyError:
+            raise
+        except (HostError, paramiko.SSHException, OSError, EOFError) as exc:
+            raise CommandNotSentError(f"SSH connection to {self.label} is down and did not come back: {exc}") from None
 
     def run(
         self, argv: Sequence[str], *, timeout: float | None = 60.0, check: bool = False, retry: bool = True,
@@ -243,12 +246,12 @@ class SSHHost(Host):
     ) -> CommandResult:
         argv = tuple(str(a) for a in argv)
         deadline = None if timeout is None else time.monotonic() + timeout
+        if not retry:
+            once = self._run_at_most_once(argv, deadline, timeout, input)
+            return self._raise_for(once) if check else once
         try:
             result = self._run_once(argv, deadline, timeout, input=input)
         except _Dropped as exc:
-            if not retry:
-                raise HostError(f"SSH connection to {self.label} dropped while running {argv[0]}: {exc}. "
-                                "It was not run again (it must not run twice).") from None
             self.logger.warning("SSH connection to %s dropped while running %s (%s); running it again",
                                 self.label, argv[0], exc)
             try:
@@ -256,6 +259,19 @@ class SSHHost(Host):
             except _Dropped as again:
                 raise HostError(f"SSH connection to {self.label} dropped twice while running {argv[0]}: {again}") from None
         return self._raise_for(result) if check else result
+
+    def _run_at_most_once(self, argv: tuple[str, ...], deadline: float | None, timeout: float | None,
+                          input: bytes | None) -> CommandResult:
+        """A command that must not run twice: which of "not sent" and "may have run" a failure is."""
+        try:
+            return self._run_once(argv, deadline, timeout, input=input)
+        except (CommandNotSentError, HostKeyError):
+            raise
+        except _Dropped as exc:
+            raise CommandOutcomeUnknown(f"SSH connection to {self.label} dropped after {argv[0]} was sent ({exc}): "
+                                        "it may have run, so it was not sent again") from None
+        except HostError as exc:
+            raise CommandOutcomeUnknown(f"{exc}; it may have run, so it was not sent again") from None
 
     def _run_once(
         self, argv: tuple[str, ...], deadline: float | None, timeout: float | None, *, reconnect: bool = False,
@@ -266,7 +282,8 @@ class SSHHost(Host):
             try:
                 self._transport(reconnect=True)
             except (paramiko.SSHException, OSError, EOFError) as exc:
-                raise HostError(f"SSH connection to {self.label} is down and did not come back: {exc}") from None
+                raise CommandNotSentError(f"SSH connection to {self.label} is down and did not come back: {exc}") \
+                    from None
         chan = self._open_session()
         out, err = bytearray(), bytearray()
         try:

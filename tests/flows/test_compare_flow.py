@@ -162,6 +162,43 @@ async def test_cancelled_run_leaves_no_server(tmp_path: Path) -> None:
     await assert_host_given_back()
 
 
+async def test_cancelling_a_run_that_waits_for_the_host_leaves_the_running_server_alone(tmp_path: Path) -> None:
+    """Two runs of the same configuration on one host: the second waits for the host; cancelling it
+    must not kill the first run's server (same profile, same port), which goes on measuring."""
+    port = free_port()
+    params = endless_level(port, tmp_path)
+    with serving("flows.benchmark_config", "benchmark_config", "queued-cancel"):
+        await wait_for_deployment("benchmark-config/queued-cancel")
+        first = await run_deployment("benchmark-config/queued-cancel", parameters=params, timeout=0)
+        await wait_for_state(first.id, {"Running"})
+        for _ in range(240):
+            if pids_with_marker(port) and (tmp_path / "results" / "runs").exists():
+                break
+            await asyncio.sleep(0.25)
+        serving_pids = pids_with_marker(port)
+        assert serving_pids
+        second = await run_deployment("benchmark-config/queued-cancel", parameters=params, timeout=0)
+        await wait_for_state(second.id, {"Running"})
+        await flow_logs(second.id, until="waiting for host")
+        async with get_client() as client:
+            await client.set_flow_run_state(second.id, Cancelling(), force=True)
+        await wait_for_state(second.id, {"Cancelled"}, timeout=60)
+        messages = await flow_logs(second.id, until="nothing to kill")
+        assert any("nothing to kill" in m for m in messages), messages[-5:]
+        await asyncio.sleep(2)
+        assert pids_with_marker(port) == serving_pids  # the first run's server is untouched
+        async with get_client() as client:
+            assert (await client.read_flow_run(first.id)).state.name == "Running"  # type: ignore[union-attr]
+            await client.set_flow_run_state(first.id, Cancelling(), force=True)
+        await wait_for_state(first.id, {"Cancelled"}, timeout=60)
+        for _ in range(120):
+            if not pids_with_marker(port):
+                break
+            await asyncio.sleep(0.25)
+    assert pids_with_marker(port) == []
+    await assert_host_given_back()
+
+
 async def test_flow_process_killed_outright_the_crash_hook_kills_the_server(tmp_path: Path) -> None:
     """SIGKILL of the flow process: no finally runs; the runner's on_crashed hook stops the server."""
     import os

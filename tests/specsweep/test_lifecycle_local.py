@@ -147,18 +147,28 @@ async def test_leftovers_found_without_a_handle(host: LocalHost, make_toy: MakeT
     assert pids_alive([handle.pid]) == []
 
 
-async def test_cleanup_pattern_kills_escaped_processes(host: LocalHost, make_toy: MakeToy, tmp_path: Path) -> None:
+async def test_cleanup_patterns_narrow_never_widen(host: LocalHost, make_toy: MakeToy) -> None:
+    """A pattern picks among specsweep's own escaped processes; a stranger of the same name is spared."""
     import subprocess
 
-    # A stray that is in no tree of ours and carries no marker: only its name gives it away.
-    stray = subprocess.Popen(["sleep", "427"], start_new_session=True, env={})
+    profile = make_toy(cleanup_patterns=[r"^sleep 427$"])
+    # A stranger: no marker, only its name matches.
+    stranger = subprocess.Popen(["sleep", "427"], start_new_session=True, env={})
+    # specsweep's leftovers (they carry its marker for the port): one matches the pattern, one does not.
+    marker = {"SPECSWEEP_SERVER_PORT": str(profile.port)}
+    escaped = subprocess.Popen(["sleep", "427"], start_new_session=True, env=marker)
+    other = subprocess.Popen(["sleep", "428"], start_new_session=True, env=marker)
     try:
-        profile = make_toy(cleanup_patterns=[r"^sleep 427$"])
         report = kill_server(host, profile)
-        assert stray.pid in {k.pid for k in report.killed}
-        assert stray.wait(5) is not None
+        assert {k.pid for k in report.killed} == {escaped.pid}
+        assert escaped.wait(5) is not None
+        assert stranger.poll() is None and other.poll() is None
+        # Without patterns, every marked leftover of the port goes, still never the stranger.
+        report = kill_server(host, make_toy(port=profile.port))
+        assert {k.pid for k in report.killed} == {other.pid} and stranger.poll() is None
     finally:
-        stray.kill()
+        for p in (stranger, escaped, other):
+            p.kill()
 
 
 async def test_shell_metacharacters_arrive_literally(host: LocalHost, make_toy: MakeToy, tmp_path: Path) -> None:

@@ -63,6 +63,13 @@ def test_profile_toml(tmp_path: Path) -> None:
         ({"name": "x", "argv": ["A=1", "s"]}, "put environment variables in env"),
         ({"name": "x", "argv": ["s"], "env": {"BAD-NAME": "1"}}, "env: Value error, environment variable name 'BAD-NAME'"),
         ({"name": "x", "argv": ["s"], "cleanup_patterns": ["("]}, "not a valid regular expression"),
+        ({"name": "x", "argv": ["s"], "cleanup_patterns": ["sglang::", "."]}, "cleanup_patterns: Value error, "
+         "cleanup pattern '.' matches any command line"),
+        ({"name": "x", "argv": ["s"], "cleanup_patterns": [".*"]}, "cleanup pattern '.*' matches any command line"),
+        ({"name": "x", "argv": ["s"], "cleanup_patterns": ["\\S"]}, "matches any command line"),
+        ({"name": "x", "argv": ["s"], "log_path": "logs/x.log"}, "log_path: Value error, log_path 'logs/x.log' must "
+         "be absolute or start with ~/"),
+        ({"name": "x", "argv": ["s"], "env": {"SPECSWEEP_START": "t"}}, "SPECSWEEP_START is set by specsweep itself"),
         ({"name": "x", "argv": ["s"], "health_path": "health"}, "must start with '/'"),
     ],
 )

@@ -1,0 +1,63 @@
+"""Which servers a flow run started, kept where its cleanup hooks can read them.
+
+The failure, cancellation and crash hooks kill only the servers their own run started: never
+by port or name, which would take another run's server on the same host (a run cancelled
+while it waits for the host must leave the running benchmark alone). A start is recorded, as
+a Prefect variable named after the flow run and the start's token, before the start command
+is sent (so a start whose answer was lost is covered too), and forgotten once the server is
+gone. A run that never held the host has no record, so its hooks touch nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import VariableCreate
+from pydantic import BaseModel
+
+PREFIX = "specsweep-start-"
+
+
+class StartRecord(BaseModel):
+    """One start of a flow run: enough to find its processes (the token) and to say which it was."""
+
+    flow_run: str
+    host: str
+    profile: str
+    port: int
+    token: str
+
+
+def _name(flow_run: str, token: str) -> str:
+    return f"{PREFIX}{flow_run}-{token}"
+
+
+async def record_start(record: StartRecord) -> None:
+    """Before the start command is sent (the token is all a kill needs to find its processes)."""
+    value: Any = record.model_dump(mode="json")
+    async with get_client() as client:
+        await client.create_variable(VariableCreate(name=_name(record.flow_run, record.token), value=value,
+                                                    tags=["specsweep"]))
+
+
+async def forget_start(flow_run: str, token: str) -> None:
+    """The server is gone: nothing for the hooks to do about it."""
+    async with get_client() as client:
+        await client.delete_variable_by_name(_name(flow_run, token))
+
+
+def recorded_starts(flow_run: object) -> list[StartRecord]:
+    """From a hook (sync; any process): the starts of ``flow_run`` whose servers may still run."""
+    prefix = f"{PREFIX}{flow_run}-"
+    with get_client(sync_client=True) as client:
+        found = client.read_variables()
+    return [StartRecord.model_validate(v.value) for v in found if v.name.startswith(prefix) and isinstance(v.value, dict)]
+
+
+def forget_recorded(record: StartRecord) -> None:
+    with get_client(sync_client=True) as client:
+        try:
+            client.delete_variable_by_name(_name(record.flow_run, record.token))
+        except Exception:  # noqa: BLE001 - already gone
+            pass
