@@ -69,8 +69,9 @@ class _Env:
 
 
 # The environment arrives on stdin as `export NAME='value'` lines (names checked, values quoted with
-# shlex.quote), so that no value, secrets included, is ever on a command line that ps shows every
-# user. The log goes to a directory private to the login user: created 0700 where missing (a
+# shlex.quote) and an end line (a start whose input was cut short by a dropped link starts
+# nothing, rather than a server without its marker), so that no value, secrets included, is ever
+# on a command line that ps shows every user. The log goes to a directory private to the login user: created 0700 where missing (a
 # leading ~/ is the login's home), refused when it is a symbolic link, another user's, or
 # writable by others; the log itself is created 0600 and never followed through a link. Then it
 # enters cwd and starts "$@" in a new session with the log as its output. setsid does not fork
@@ -78,7 +79,12 @@ class _Env:
 # group id and its session id. It prints the pid and the log's path.
 _START_SCRIPT = r"""umask 077
 log=$1; cwd=$2; shift 2
-eval "$(cat)" || exit 95
+environment=$(cat)
+case $environment in
+  *"$_ENV_END") ;;
+  *) echo "the environment did not arrive whole: not starting" >&2; exit 95;;
+esac
+eval "$environment" || exit 95
 case $log in "~/"*) log=$HOME/${log#"~/"};; esac
 dir=$(dirname -- "$log")
 if [ ! -e "$dir" ] && [ ! -L "$dir" ]; then mkdir -p -m 700 -- "$dir" || exit 97; fi
@@ -96,6 +102,9 @@ setsid "$@" </dev/null >>"$log" 2>&1 &
 echo "$! $log"
 """
 
+_ENV_END = ": end of the environment"
+_START_SCRIPT = _START_SCRIPT.replace("$_ENV_END", _ENV_END)
+
 #: How long the start command may take to answer (it returns as soon as the server is forked).
 START_COMMAND_TIMEOUT_S = 60.0
 
@@ -107,7 +116,7 @@ def env_script(env: Mapping[str, str]) -> bytes:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
             raise ServerStartError(f"environment variable name {name!r} is not valid: use letters, digits and _")
         lines.append(f"export {name}={shlex.quote(value)}\n")
-    return "".join(lines).encode()
+    return ("".join(lines) + _ENV_END + "\n").encode()
 
 
 @dataclass(frozen=True)
@@ -200,6 +209,9 @@ class Host(ABC):
             raise ServerStartError("nothing to start: the launch argv is empty")
         script = ["sh", "-c", _START_SCRIPT, "sh", log_path, cwd or "", *argv]
         result = self.run(script, timeout=START_COMMAND_TIMEOUT_S, retry=False, input=env_script(env or {}))
+        if result.exit_code == 95:
+            raise ServerStartError(f"the server's environment did not reach {self.label} whole "
+                                   f"({result.stderr.strip()}): nothing was started")
         if result.exit_code == 96:
             raise ServerStartError(
                 f"the server log {log_path!r} on {self.label} is not private: {result.stderr.strip()}. Logs go to a "
@@ -224,13 +236,16 @@ class Host(ABC):
             )
         return Started(int(pid), path or log_path)
 
+    # kill is the kill program (env finds it), not the login shell's builtin: dash's refuses "--" and
+    # a negative pid, so on a host whose login shell is sh every signal would be lost.
+
     def signal_group(self, pgid: int, sig: int = signal.SIGTERM) -> bool:
         """Send ``sig`` to a whole process group. False when no such group exists."""
-        return self.run(["kill", f"-{int(sig)}", "--", f"-{int(pgid)}"], timeout=30).ok
+        return self.run(["env", "kill", f"-{int(sig)}", "--", f"-{int(pgid)}"], timeout=30).ok
 
     def signal_pids(self, pids: Sequence[int], sig: int = signal.SIGTERM) -> None:
         if pids:
-            self.run(["kill", f"-{int(sig)}", "--", *(str(int(p)) for p in pids)], timeout=30)
+            self.run(["env", "kill", f"-{int(sig)}", "--", *(str(int(p)) for p in pids)], timeout=30)
 
     def processes(self) -> list[ProcessInfo]:
         """Every process on the host (that the user may see), with its owner, from ``ps``."""

@@ -214,3 +214,62 @@ async def test_link_down_for_good_fails_cleanly_and_the_next_run_removes_the_str
     logs = await flow_logs(again.state_details.flow_run_id)
     assert any("leftover" in m.lower() or "killed" in m.lower() for m in logs)
     assert server_processes(remote) == []
+
+
+# A host whose shell answers a start a second late (an overloaded machine): sshd hands every
+# command to this script, which holds back the start script's answer. The link is cut in that
+# second, after the server has started, so the answer is lost for real.
+_SLOW_ANSWER = """#!/bin/sh
+case $SSH_ORIGINAL_COMMAND in
+  *setsid*) out=$(sh -c "$SSH_ORIGINAL_COMMAND"); rc=$?; sleep 1; printf '%s\\n' "$out"; exit $rc;;
+  *) exec sh -c "$SSH_ORIGINAL_COMMAND";;
+esac
+"""
+
+
+def test_a_start_whose_answer_is_lost_leaves_exactly_one_server(remote: Remote, ssh_keys: tuple[Path, str],
+                                                                  tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    from specsweep.hosts import open_host
+    from specsweep.lifecycle import kill_server, start_server
+
+    wrapper = tmp_path / "slow-answer"
+    wrapper.write_text(_SLOW_ANSWER)
+    wrapper.chmod(0o755)
+    d = tmp_path / "sshd"
+    slow = start_sshd(d, [ssh_keys[1]], address=remote.net.addr, port=SSH_PORT + 1, netns=remote.net.name,
+                      extra_config=f"ForceCommand {wrapper}")
+    known = d / "known_hosts"
+    known.write_text(slow.known_hosts_line() + "\n")
+    assert remote.host.ssh is not None
+    config = remote.host.model_copy(update={"ssh": remote.host.ssh.model_copy(
+        update={"port": slow.port, "known_hosts": known})})
+    profile = sim_profile(tmp_path, startup_s=0.3)
+
+    def sims() -> list[int]:
+        return [p for p in server_processes(remote) if "specsweep.sim" in Path(f"/proc/{p}/cmdline").read_bytes()
+                .replace(b"\0", b" ").decode()]
+
+    def cut_once_started() -> None:
+        wait_for(lambda: bool(sims()), timeout=30)
+        remote.net.cut()
+        for pid in subprocess.run(["pgrep", "-P", str(slow.proc.pid)], capture_output=True, text=True).stdout.split():
+            os.kill(int(pid), signal.SIGKILL)
+        time.sleep(2)
+        remote.net.restore()
+
+    cutter = in_background(cut_once_started)
+    try:
+        with open_host(config) as host, caplog.at_level("WARNING"):
+            handle = start_server(host, profile)
+            cutter.join(30)
+            assert "may have run" in caplog.text and "removing whatever it started" in caplog.text
+            running = sims()
+            assert len(running) == 1, running  # the first start's server was removed before the second
+            environ = Path(f"/proc/{running[0]}/environ").read_bytes().split(b"\0")
+            assert f"SPECSWEEP_START={handle.token}".encode() in environ
+            kill_server(host, profile, handle)
+        assert server_processes(remote) == []
+    finally:
+        remote.net.restore()
+        slow.stop()

@@ -11,11 +11,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
 from specsweep.errors import PortBusyError
-from specsweep.hosts import LocalHost
+from specsweep.hosts import HostConfig, LocalHost, open_host
 from specsweep.lifecycle import kill_server, start_server
 from specsweep.presets import sglang_baseline
 from tests.conftest import MakeToy, pids_alive, wait_ready
@@ -66,14 +67,14 @@ def test_another_users_port_holder_is_named_and_never_killed(host: LocalHost, ma
 
 async def test_own_port_holder_is_taken_only_when_asked(host: LocalHost, make_toy: MakeToy) -> None:
     port = free_port()
-    code = "import socket,time; s=socket.socket(); s.bind(('127.0.0.1', %d)); s.listen(); time.sleep(600)" % port
+    code = f"import socket,time; s=socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); time.sleep(600)"
     holder = subprocess.Popen([sys.executable, "-c", code, "my-notebook"], start_new_session=True)
     try:
         profile = make_toy(port=port)
         for _ in range(100):
             if host.port_listening(port):
                 break
-            __import__("time").sleep(0.05)
+            time.sleep(0.05)
         assert kill_server(host, profile).killed == []  # not specsweep's: the leftover kill leaves it
         with pytest.raises(PortBusyError) as err:
             start_server(host, profile)
@@ -108,3 +109,26 @@ def test_processes_carry_their_owner(host: LocalHost, other_user: str) -> None:
         procs = {p.pid: p for p in host.processes()}
         assert procs[proc.pid].user == other_user and procs[proc.pid].uid != os.getuid()
         assert procs[os.getpid()].uid == os.getuid() == host.login_uid()
+
+
+async def test_over_ssh_as_root_only_specsweeps_processes_go_and_ps_shows_no_secret(
+        ssh_host_config: HostConfig, make_toy: MakeToy, other_user: str) -> None:
+    """The SSH user is root, as on most GPU hosts: it could kill anything, and must not."""
+    key = "sk-remote-engine-key-77aa66bb"
+    profile = make_toy(api_key_env="TOY_API_KEY", api_key=key, env={"HF_TOKEN": "hf_remote_token_1234abcd"})
+    theirs = free_port()
+    spoof = {"SPECSWEEP_SERVER_PORT": str(profile.port)}
+    with open_host(ssh_host_config) as host, \
+            process_as(other_user, listener_argv(theirs, "sglang::scheduler_TP0"), listen_port=theirs) as named, \
+            process_as(other_user, ["sleep", "600"], env=spoof) as marked:
+        assert host.login_uid() == 0
+        handle = start_server(host, profile)
+        try:
+            await wait_ready(host, profile, handle)
+            seen = host.run(["ps", "-ww", "-eo", "args="]).stdout
+            assert key not in seen and "hf_remote_token_1234abcd" not in seen
+            leftovers = kill_server(host, profile)  # the leftover kill: specsweep's marked processes only
+            assert {k.pid for k in leftovers.killed} == {handle.pid}
+            assert named.poll() is None and marked.poll() is None
+        finally:
+            kill_server(host, profile, handle)
