@@ -14,7 +14,7 @@ from specsweep.health import HealthReport
 from specsweep.hosts import HostConfig
 from specsweep.profiles import ProfileParams
 from specsweep.stages import LifecycleOptions
-from tasks.blocks import aresolve_profile
+from tasks.blocks import aresolve_host, aresolve_profile
 from tasks.server import served
 
 
@@ -26,5 +26,7 @@ async def server_lifecycle(
 ) -> HealthReport:
     """Start the server, report how long it took to be ready, and kill it."""
     server = await aresolve_profile(profile)
-    async with opened(host) as h, served(h, host, server, stages, RequestOptions(), marker=str(flow_run_id())) as ready:
+    config = await aresolve_host(host)
+    async with opened(config) as h, served(h, config, server, stages, RequestOptions(), marker=str(flow_run_id())) \
+            as ready:
         return ready.ready

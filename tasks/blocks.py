@@ -22,7 +22,7 @@ from prefect.blocks.core import Block
 from pydantic import Field, SecretStr
 
 from specsweep.errors import ConfigError
-from specsweep.hosts.config import HostConfig, SSHEndpoint
+from specsweep.hosts.config import HostConfig, SSHEndpoint, SSHLogin
 from specsweep.profiles import ProfileParams, ServerProfile
 
 _known_files: dict[str, Path] = {}
@@ -78,8 +78,8 @@ class SSHHostBlock(Block):
             Path(self.known_hosts_path) if self.known_hosts_path else None)
         common = dict(private_key=self.private_key, passphrase=self.passphrase, known_hosts=known,
                       accept_unknown_host_key=self.accept_unknown_host_key, use_agent=self.private_key is None)
-        target = SSHEndpoint(hostname=self.hostname, port=self.port, user=self.user, **common)
-        jump = (SSHEndpoint(hostname=self.jump_hostname, port=self.jump_port, user=self.jump_user or self.user,
+        target = SSHLogin(hostname=self.hostname, port=self.port, user=self.user, **common)
+        jump = (SSHLogin(hostname=self.jump_hostname, port=self.jump_port, user=self.jump_user or self.user,
                             **common)
                 if self.jump_hostname else None)
         address = named_by.http_address if named_by and named_by.http_address else self.http_address
@@ -89,16 +89,49 @@ class SSHHostBlock(Block):
 
 
 def resolve_host(host: HostConfig) -> HostConfig:
-    """The host a flow runs on: the saved ssh-host block it names, else the host as given."""
-    if not host.block:
-        return host
-    return _ssh_block(SSHHostBlock.load(host.block), host.block).host_config(host)
+    """The host a flow runs on: the saved ssh-host block it names, else the host as given, its key and
+    passphrase read from the Secret blocks it names."""
+    if host.block:
+        return _ssh_block(SSHHostBlock.load(host.block), host.block).host_config(host)
+    return _with_secrets(host, {name: _secret_value(_load_secret(name, field), name, field)
+                                for name, field in _secret_names(host)})
 
 
 async def aresolve_host(host: HostConfig) -> HostConfig:
-    if not host.block:
+    if host.block:
+        return _ssh_block(await SSHHostBlock.aload(host.block), host.block).host_config(host)
+    return _with_secrets(host, {name: await aresolve_secret(name, field) or "" for name, field in _secret_names(host)})
+
+
+def _secret_names(host: HostConfig) -> list[tuple[str, str]]:
+    return [(name, f"host.{side}.{field}") for side in ("ssh", "jump") if (ep := getattr(host, side)) is not None
+            for field in ("private_key_secret", "passphrase_secret") if (name := getattr(ep, field))]
+
+
+def _with_secrets(host: HostConfig, values: dict[str, str]) -> HostConfig:
+    if not values:
         return host
-    return _ssh_block(await SSHHostBlock.aload(host.block), host.block).host_config(host)
+
+    def login(ep: SSHEndpoint | None) -> SSHEndpoint | None:
+        if ep is None or not (ep.private_key_secret or ep.passphrase_secret):
+            return ep
+        data = ep.model_dump(exclude={"private_key", "passphrase"})
+        key = values.get(ep.private_key_secret or "")
+        phrase = values.get(ep.passphrase_secret or "")
+        return SSHLogin.model_validate({**data, "private_key_secret": None, "passphrase_secret": None,
+                                        "private_key": SecretStr(key) if key else ep.private_key,
+                                        "passphrase": SecretStr(phrase) if phrase else ep.passphrase})
+
+    return host.model_copy(update={"ssh": login(host.ssh), "jump": login(host.jump)})
+
+
+def _load_secret(name: str, field: str) -> object:
+    from prefect.blocks.system import Secret
+
+    try:
+        return Secret.load(name)
+    except ValueError as exc:
+        raise ConfigError(f"{field}: there is no Prefect Secret block named {name!r} ({exc})") from None
 
 
 def _ssh_block(block: object, name: str) -> SSHHostBlock:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 from specsweep.hosts.base import CommandResult, Host, ProcessInfo
-from specsweep.hosts.config import HostConfig, SSHEndpoint
+from specsweep.hosts.config import HostConfig, SSHEndpoint, SSHLogin
 from specsweep.hosts.local import LocalHost
 from specsweep.hosts.ssh import SSHHost
 
@@ -28,6 +28,7 @@ __all__ = [
     "LocalHost",
     "ProcessInfo",
     "SSHEndpoint",
+    "SSHLogin",
     "SSHHost",
     "open_host",
 ]

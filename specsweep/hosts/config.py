@@ -7,13 +7,16 @@ These models are flow parameters: they hold no secret in clear text (keys are
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 
 class SSHEndpoint(BaseModel):
-    """How to log in to one SSH server."""
+    """How to log in to one SSH server, as a flow parameter: a private key or passphrase is refused
+    here (a parameter shows in the Prefect UI and the API); they come from Secret blocks named in
+    ``private_key_secret``/``passphrase_secret``, or from an ssh-host block. ``SSHLogin`` is the
+    same login with those secrets read."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -25,6 +28,10 @@ class SSHEndpoint(BaseModel):
         None, description="Private key text (OpenSSH or PEM). Prefer a Prefect Secret or ssh-host block."
     )
     passphrase: SecretStr | None = Field(None, description="Passphrase of the private key, if it has one.")
+    private_key_secret: str | None = Field(
+        None, description="Name of a Prefect Secret block holding the private key text (read when the run starts).")
+    passphrase_secret: str | None = Field(
+        None, description="Name of a Prefect Secret block holding the key's passphrase.")
     use_agent: bool = Field(True, description="Also try keys offered by a running ssh-agent.")
     known_hosts: Path | None = Field(
         None, description="known_hosts file to check the host key against; default ~/.ssh/known_hosts."
@@ -37,11 +44,30 @@ class SSHEndpoint(BaseModel):
     connect_timeout_s: float = Field(10.0, gt=0, le=600, description="TCP connect and SSH handshake timeout.")
     keepalive_s: int = Field(15, ge=0, le=3600, description="Send an SSH keepalive this often (0: never).")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_secret_in_parameters(cls, data: Any) -> Any:
+        if cls is not SSHEndpoint or not isinstance(data, dict):
+            return data
+        for field in ("private_key", "passphrase"):
+            if data.get(field):
+                raise ValueError(
+                    f"{field} is not accepted in a flow's host parameters: a parameter shows in the Prefect UI and "
+                    f"API. Save the host as an ssh-host block and name it in host.block, or store the {field} in a "
+                    f"Secret block and give its name in {field}_secret (or use key_path, a file on the worker)"
+                )
+        return {k: v for k, v in data.items() if k not in ("private_key", "passphrase")}
+
     @model_validator(mode="after")
     def _key_sources(self) -> SSHEndpoint:
-        if self.key_path is not None and self.private_key is not None:
-            raise ValueError("give key_path or private_key, not both")
+        if sum(x is not None for x in (self.key_path, self.private_key, self.private_key_secret)) > 1:
+            raise ValueError("give one of key_path, private_key_secret (or a block's private_key), not several")
         return self
+
+
+class SSHLogin(SSHEndpoint):
+    """An SSH login with its secrets read (from an ssh-host block or Secret blocks): never a flow
+    parameter, only built by the run from one."""
 
 
 class HostConfig(BaseModel):

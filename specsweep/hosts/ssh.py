@@ -235,9 +235,11 @@ class SSHHost(Host):
             except (paramiko.SSHException, OSError, EOFError):
                 # The transport died between commands: one reconnect, then give up.
                 return self._transport(reconnect=True).open_session(timeout=self.endpoint.connect_timeout_s)
-        except HostKeyError:
+        except (HostKeyError, CommandNotSentError):
             raise
-        except (HostError, paramiko.SSHException, OSError, EOFError) as exc:
+        except HostError as exc:  # connecting failed (refused, authentication, ...): as it says
+            raise CommandNotSentError(str(exc)) from None
+        except (paramiko.SSHException, OSError, EOFError) as exc:
             raise CommandNotSentError(f"SSH connection to {self.label} is down and did not come back: {exc}") from None
 
     def run(

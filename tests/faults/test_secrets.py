@@ -110,3 +110,31 @@ async def test_secret_environment_reaches_the_server_and_nowhere_else(tmp_path: 
     assert run.parameters["profile"]["env_secrets"] == {"HF_TOKEN": "hf-token"}
     assert token not in str(run.parameters) and not any(token in m for m in logs)
     assert pids_with_marker(port) == []
+
+
+async def test_an_ssh_key_given_as_a_flow_parameter_is_refused_and_a_secret_block_works(
+        sshd: SSHServer, ssh_keys: tuple[Path, str], known_hosts: Path, tmp_path: Path) -> None:
+    key_text = ssh_keys[0].read_text()
+    port = free_port()
+    profile = toy_profile(tmp_path, port=port).as_parameters()
+    login = {"hostname": sshd.address, "port": sshd.port, "user": sshd.user, "known_hosts": str(known_hosts),
+             "use_agent": False}
+    for field, value in (("private_key", key_text), ("passphrase", "correct horse battery")):
+        state = await server_lifecycle(profile=profile, return_state=True,  # type: ignore[arg-type]
+                                       host={"kind": "ssh", "ssh": {**login, field: value}})  # type: ignore[arg-type]
+        assert state.is_failed()
+        message = state.message or ""
+        assert f"{field} is not accepted in a flow's host parameters" in message and "host.block" in message
+        assert f"{field}_secret" in message and value not in message and key_text[40:80] not in message
+    assert pids_with_marker(port) == []
+    # The same login with the key in a Secret block: the run reads it; its parameters name the block only.
+    await Secret(value=key_text).save("gpu-ssh-key", overwrite=True)  # type: ignore[call-arg]
+    host = {"kind": "ssh", "ssh": {**login, "private_key_secret": "gpu-ssh-key"}}
+    state = await server_lifecycle(profile=profile, host=host, return_state=True)  # type: ignore[arg-type]
+    assert state.is_completed(), state.message
+    async with get_client() as client:
+        run = await client.read_flow_run(state.state_details.flow_run_id)
+    assert run.parameters["host"]["ssh"]["private_key_secret"] == "gpu-ssh-key"
+    key_lines = [ln for ln in key_text.splitlines() if len(ln) > 40]
+    assert not any(line in str(run.parameters) for line in key_lines)
+    assert pids_with_marker(port) == []

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from specsweep.errors import HostError, HostKeyError
-from specsweep.hosts import HostConfig, SSHEndpoint, SSHHost, open_host
+from specsweep.hosts import HostConfig, SSHEndpoint, SSHHost, SSHLogin, open_host
 from specsweep.lifecycle import kill_server, start_server
 from tests.conftest import TOY, pids_alive, toy_profile, wait_ready
 from tests.helpers.sshd import SSHServer, start_sshd
@@ -33,7 +33,7 @@ def test_run_returns_output_and_exit_code(ssh_host_config: HostConfig) -> None:
 
 def test_key_given_as_secret_text(sshd: SSHServer, ssh_keys: tuple[Path, str], known_hosts: Path) -> None:
     text = ssh_keys[0].read_text()
-    ep = SSHEndpoint(hostname=sshd.address, port=sshd.port, user=sshd.user, private_key=text,  # type: ignore[arg-type]
+    ep = SSHLogin(hostname=sshd.address, port=sshd.port, user=sshd.user, private_key=text,  # type: ignore[arg-type]
                      known_hosts=known_hosts, use_agent=False)
     assert text not in repr(ep) and text not in ep.model_dump_json()
     with SSHHost(ep) as host:
