@@ -54,7 +54,7 @@ from specsweep.sweep import (
 )
 from specsweep.tunnel import stop_marked_tunnels
 from tasks.benchmark import run_concurrency_benchmark, warm_up
-from tasks.blocks import aresolve_host, aresolve_profile, aresolve_secret, resolve_host
+from tasks.blocks import aresolve_host, aresolve_profile, aresolve_secret, record_host_keys, resolve_host
 from tasks.results import artifact_key, compare_configurations, fingerprint_environment, publish_configuration
 from tasks.server import Served, served
 from tasks.started import StartRecord, forget_recorded, recorded_starts
@@ -98,13 +98,23 @@ async def _resolve_request(request: RequestParams) -> RequestOptions:
 
 
 @asynccontextmanager
-async def opened(config: HostConfig) -> AsyncIterator[Host]:
-    """The run's one connection to its host."""
-    host = open_host(config, get_run_logger())
+async def opened(config: HostConfig, block: str | None = None) -> AsyncIterator[Host]:
+    """The run's one connection to its host. Host keys it trusted by accept_unknown_host_key are kept
+    in the ssh-host ``block`` it came from, for later runs to check against."""
+    logger = get_run_logger()
+    host = open_host(config, logger)
     try:
         yield host
     finally:
         await asyncio.to_thread(host.close)
+        if block and (accepted := host.accepted_host_keys()):
+            try:
+                added = await record_host_keys(block, accepted)
+                if added:
+                    logger.warning("recorded %d host key(s) trusted this run in ssh-host block %s: later runs check "
+                                   "the host against them", len(added), block)
+            except Exception as exc:  # noqa: BLE001 - the run's work is done; say what was not kept
+                logger.error("could not record the trusted host keys in ssh-host block %s: %s", block, exc)
 
 
 async def measure_configurations(profiles: list[ProfileParams], host: HostConfig,
@@ -114,7 +124,7 @@ async def measure_configurations(profiles: list[ProfileParams], host: HostConfig
     prepared, servers = await prepare(benchmark, profiles)
     host_config = await aresolve_host(host)
     fixed = repeats(benchmark.sweep.repeats)
-    async with host_lock(host_config), opened(host_config) as connection:
+    async with host_lock(host_config), opened(host_config, host.block) as connection:
         return [await measure_configuration(profile, connection, host_config, prepared, fixed) for profile in servers]
 
 
@@ -274,7 +284,7 @@ async def compare_configurations_on(baseline: ProfileParams, speculative: Profil
     prepared, (base, spec) = await prepare(benchmark, [baseline, speculative])
     host_config = await aresolve_host(host)
     n = benchmark.sweep.num_requests
-    async with host_lock(host_config), opened(host_config) as connection:
+    async with host_lock(host_config), opened(host_config, host.block) as connection:
         if decision.design == "sequential":
             base_result = await measure_configuration(base, connection, host_config, prepared,
                                                       lambda p, rows: baseline_needs_more(decision, n)(rows),

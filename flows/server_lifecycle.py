@@ -27,6 +27,6 @@ async def server_lifecycle(
     """Start the server, report how long it took to be ready, and kill it."""
     server = await aresolve_profile(profile)
     config = await aresolve_host(host)
-    async with opened(config) as h, served(h, config, server, stages, RequestOptions(), marker=str(flow_run_id())) \
+    async with opened(config, host.block) as h, served(h, config, server, stages, RequestOptions(), marker=str(flow_run_id())) \
             as ready:
         return ready.ready

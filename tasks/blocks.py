@@ -71,11 +71,19 @@ class SSHHostBlock(Block):
     jump_user: str | None = Field(None, description="Login name on the jump host; default the same user.")
     http_address: str | None = Field(None, description="Address the benchmark client uses to reach the server port.")
 
+    def _known_hosts(self) -> Path | None:
+        """The block's known_hosts lines (and those of its known_hosts_path file) as one file."""
+        if not self.known_hosts:
+            return Path(self.known_hosts_path) if self.known_hosts_path else None
+        text = self.known_hosts
+        if self.known_hosts_path and Path(self.known_hosts_path).expanduser().is_file():
+            text = Path(self.known_hosts_path).expanduser().read_text() + "\n" + text
+        return _known_hosts_file(text)
+
     def host_config(self, named_by: HostConfig | None = None) -> HostConfig:
         """The host as a flow uses it (``named_by``: the parameter that named this block; how its
         traffic travels and where its load generator runs are kept, and its http_address if set)."""
-        known = _known_hosts_file(self.known_hosts) if self.known_hosts else (
-            Path(self.known_hosts_path) if self.known_hosts_path else None)
+        known = self._known_hosts()
         common = dict(private_key=self.private_key, passphrase=self.passphrase, known_hosts=known,
                       accept_unknown_host_key=self.accept_unknown_host_key, use_agent=self.private_key is None)
         target = SSHLogin(hostname=self.hostname, port=self.port, user=self.user, **common)
@@ -134,6 +142,18 @@ def _load_secret(name: str, field: str) -> object:
         raise ConfigError(f"{field}: there is no Prefect Secret block named {name!r} ({exc})") from None
 
 
+async def record_host_keys(name: str, lines: list[str]) -> list[str]:
+    """Keep host keys a run trusted (accept_unknown_host_key) in the ssh-host block it named, so that
+    later runs check the host against them (a changed key is then refused). The lines added."""
+    block = _ssh_block(await SSHHostBlock.aload(name), name)
+    known = [ln.strip() for ln in (block.known_hosts or "").splitlines() if ln.strip()]
+    added = [ln for ln in lines if ln not in known]
+    if added:
+        block.known_hosts = "\n".join([*known, *added]) + "\n"
+        await block.asave(name, overwrite=True)
+    return added
+
+
 def _ssh_block(block: object, name: str) -> SSHHostBlock:
     if not isinstance(block, SSHHostBlock):
         raise ConfigError(f"host.block {name!r} is a {type(block).__name__} block, not an ssh-host block")
@@ -178,4 +198,5 @@ async def aresolve_profile(profile: ProfileParams, field: str = "profile") -> Se
 # Registered with ``prefect block register -m tasks.blocks`` together with the SSH host block.
 from tasks.storage import ResultsLocation  # noqa: E402
 
-__all__ = ["ResultsLocation", "SSHHostBlock", "aresolve_host", "aresolve_profile", "aresolve_secret", "resolve_host"]
+__all__ = ["ResultsLocation", "SSHHostBlock", "aresolve_host", "aresolve_profile", "aresolve_secret", "record_host_keys",
+           "resolve_host"]

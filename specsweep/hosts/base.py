@@ -165,6 +165,10 @@ class Host(ABC):
         """Values that must never reach a log line (SSH keys and passphrases)."""
         return []
 
+    def accepted_host_keys(self) -> list[str]:
+        """known_hosts lines of host keys trusted this run because accept_unknown_host_key was set."""
+        return []
+
     def __enter__(self) -> Host:
         return self
 

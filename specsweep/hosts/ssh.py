@@ -39,18 +39,25 @@ def _known_name(endpoint: SSHEndpoint) -> str:
 
 
 class _UnknownKeyPolicy(paramiko.MissingHostKeyPolicy):
-    def __init__(self, endpoint: SSHEndpoint, logger: logging.Logger | logging.LoggerAdapter) -> None:
+    """An unknown host key: refused, or (accept_unknown_host_key) trusted once and pinned, so every
+    later connection of this run to that endpoint must offer the same key."""
+
+    def __init__(self, endpoint: SSHEndpoint, logger: logging.Logger | logging.LoggerAdapter,
+                 pinned: dict[str, paramiko.PKey]) -> None:
         self.endpoint = endpoint
         self.logger = logger
+        self.pinned = pinned
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
         where = _known_name(self.endpoint)
         if self.endpoint.accept_unknown_host_key:
             self.logger.warning(
-                "trusting the unknown SSH host key of %s (%s %s) because accept_unknown_host_key is set",
+                "trusting the unknown SSH host key of %s (%s %s) because accept_unknown_host_key is set; it is pinned "
+                "for the rest of this run",
                 where, key.get_name(), _fingerprint(key),
             )
             client.get_host_keys().add(hostname, key.get_name(), key)
+            self.pinned[where] = key
             return
         raise HostKeyError(
             f"the SSH host key of {where} ({key.get_name()} {_fingerprint(key)}) is not in "
@@ -90,6 +97,9 @@ class SSHHost(Host):
         self._jump_client: paramiko.SSHClient | None = None
         self._lock = threading.Lock()
         self.connects = 0
+        # Host keys trusted by accept_unknown_host_key, by known_hosts name (the jump host's and the
+        # target's apart): a later connection offering another key is refused as a changed one.
+        self._pinned: dict[str, paramiko.PKey] = {}
 
     # -- connection -----------------------------------------------------------------------
 
@@ -98,7 +108,11 @@ class SSHHost(Host):
         known = endpoint.known_hosts or Path("~/.ssh/known_hosts").expanduser()
         if Path(known).exists():
             client.load_host_keys(str(known))
-        client.set_missing_host_key_policy(_UnknownKeyPolicy(endpoint, self.logger))
+        name = _known_name(endpoint)
+        if name in self._pinned:
+            pinned = self._pinned[name]
+            client.get_host_keys().add(name, pinned.get_name(), pinned)
+        client.set_missing_host_key_policy(_UnknownKeyPolicy(endpoint, self.logger, self._pinned))
         pkey = None
         passphrase = endpoint.passphrase.get_secret_value() if endpoint.passphrase else None
         if endpoint.private_key is not None:
@@ -210,6 +224,11 @@ class SSHHost(Host):
             key = transport.get_remote_server_key()
             lines.append(f"{_known_name(ep)} {key.get_name()} {key.get_base64()}")
         return lines
+
+    def accepted_host_keys(self) -> list[str]:
+        """known_hosts lines of the keys this run trusted by accept_unknown_host_key (target and jump
+        host apart), to record where later runs check against them."""
+        return [f"{name} {key.get_name()} {key.get_base64()}" for name, key in self._pinned.items()]
 
     def _drop(self) -> None:
         for client in (self._client, self._jump_client):

@@ -161,3 +161,40 @@ async def test_server_survives_the_ssh_connection(ssh_host_config: HostConfig, t
         await wait_ready(host, profile, handle)
         kill_server(host, profile, handle)
     assert TOY  # the toy server ran through the same path as locally
+
+
+def test_an_accepted_host_key_is_pinned_for_the_rest_of_the_run(ssh_keys: tuple[Path, str], tmp_path: Path) -> None:
+    """Trusted once, the key is the only one this run accepts: the same address offering another key on a
+    reconnect (a reinstalled host, or someone in the middle) is refused as changed."""
+    from tests.helpers.sshd import free_port
+
+    port = free_port()
+    first = start_sshd(tmp_path / "first", [ssh_keys[1]], port=port)
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    host = SSHHost(endpoint(first, ssh_keys[0], empty, accept_unknown_host_key=True))
+    try:
+        assert host.run(["true"]).ok
+        assert host.accepted_host_keys() == [first.known_hosts_line()]
+        first.stop()
+        host.close()  # the connection goes; the next command connects again, as after a dropped link
+        impostor = start_sshd(tmp_path / "impostor", [ssh_keys[1]], port=port)  # same address, another key
+        try:
+            with pytest.raises(HostKeyError, match="CHANGED"):
+                host.run(["true"])
+        finally:
+            impostor.stop()
+    finally:
+        host.close()
+        first.stop()
+
+
+def test_jump_and_target_keys_are_pinned_apart(jump_pair: JumpPair, ssh_keys: tuple[Path, str], tmp_path: Path) -> None:
+    target, bastion, _, _ = jump_pair
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    cfg = HostConfig(kind="ssh", ssh=endpoint(target, ssh_keys[0], empty, accept_unknown_host_key=True),
+                     jump=endpoint(bastion, ssh_keys[0], empty, accept_unknown_host_key=True))
+    with open_host(cfg) as host:
+        assert host.run(["true"]).ok
+        assert sorted(host.accepted_host_keys()) == sorted([target.known_hosts_line(), bastion.known_hosts_line()])

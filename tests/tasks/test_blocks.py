@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from specsweep.hosts import open_host
 from tasks.blocks import SSHHostBlock
 from tests.helpers.sshd import SSHServer
@@ -49,3 +51,26 @@ def test_a_planted_known_hosts_file_is_not_trusted(sshd: SSHServer, ssh_keys: tu
             assert host.run(["echo", "ok"]).stdout == "ok\n"
     finally:
         planted.unlink(missing_ok=True)
+
+
+@pytest.mark.usefixtures("prefect_harness")
+async def test_a_host_key_trusted_once_is_kept_in_the_block(sshd: SSHServer, ssh_keys: tuple[Path, str],
+                                                            tmp_path: Path) -> None:
+    """accept_unknown_host_key trusts the key once; the block keeps it, so the next run checks against it
+    even with the setting off."""
+    from flows.server_lifecycle import server_lifecycle
+    from tests.conftest import toy_profile
+
+    block = make_block(sshd, ssh_keys[0], accept_unknown_host_key=True)
+    block.known_hosts = None
+    await block.asave("trust-once", overwrite=True)
+    profile = toy_profile(tmp_path).as_parameters()
+    state = await server_lifecycle(profile=profile, host={"block": "trust-once"}, return_state=True)  # type: ignore[arg-type]
+    assert state.is_completed(), state.message
+    kept = await SSHHostBlock.aload("trust-once")
+    assert kept.known_hosts is not None and sshd.known_hosts_line() in kept.known_hosts.splitlines()
+    assert kept.private_key is not None and kept.private_key.get_secret_value() == ssh_keys[0].read_text()
+    kept.accept_unknown_host_key = False
+    await kept.asave("trust-once", overwrite=True)
+    again = await server_lifecycle(profile=profile, host={"block": "trust-once"}, return_state=True)  # type: ignore[arg-type]
+    assert again.is_completed(), again.message
