@@ -451,20 +451,10 @@ def start_server(
         command=command,
         started_at=started_at,
         token=token,
-        cuda_visible_devices=_visible_devices(host, profile, started.pid),
+        cuda_visible_devices=started.cuda_visible_devices,
     )
     log.info("server %s started: pid %d, log %s", profile.name, started.pid, handle.log_path)
     return handle
-
-
-def _visible_devices(host: Host, profile: ServerProfile, pid: int) -> str | None:
-    """The server's CUDA_VISIBLE_DEVICES: from its own environment where it can be read (the login's
-    environment may set it too), else the profile's."""
-    try:
-        value = host.environ_value(pid, "CUDA_VISIBLE_DEVICES")
-    except HostError:
-        value = None
-    return value if value is not None else profile.env.get("CUDA_VISIBLE_DEVICES")
 
 
 def raise_if_exited(host: Host, profile: ServerProfile, handle: ServerHandle, when: str) -> None:

@@ -76,7 +76,9 @@ class _Env:
 # writable by others; the log itself is created 0600 and never followed through a link. Then it
 # enters cwd and starts "$@" in a new session with the log as its output. setsid does not fork
 # here (the background child is not a group leader), so $! is the server's pid, its process
-# group id and its session id. It prints the pid and the log's path.
+# group id and its session id. It prints the pid and the log's path, and the CUDA_VISIBLE_DEVICES
+# the server was given (by the profile or the login's environment), which the GPU check after a
+# kill reads.
 _START_SCRIPT = r"""umask 077
 log=$1; cwd=$2; shift 2
 environment=$(cat)
@@ -100,6 +102,7 @@ chmod 600 -- "$log" || exit 97
 if [ -n "$cwd" ]; then cd -- "$cwd" || exit 98; fi
 setsid "$@" </dev/null >>"$log" 2>&1 &
 echo "$! $log"
+if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then printf 'CUDA_VISIBLE_DEVICES=%s\n' "$CUDA_VISIBLE_DEVICES"; fi
 """
 
 _ENV_END = ": end of the environment"
@@ -125,6 +128,7 @@ class Started:
 
     pid: int
     log_path: str
+    cuda_visible_devices: str | None = None
 
 
 _READ_FROM_SCRIPT = r"""tail -c +"$1" -- "$2" 2>/dev/null | head -c "$3" """
@@ -200,7 +204,8 @@ class Host(ABC):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
     ) -> Started:
-        """Start ``argv`` in a new session, detached from this connection: its pid and log path.
+        """Start ``argv`` in a new session, detached from this connection: its pid, log path and the
+        CUDA_VISIBLE_DEVICES it was given.
 
         The pid is also the process group id. The log file (in a directory private to the login
         user) is truncated first; stdout and stderr go to it. The environment travels on stdin,
@@ -232,13 +237,16 @@ class Host(ABC):
                 f"cannot enter the working directory {cwd!r} on {self.label}: {result.stderr.strip()}. "
                 "Check the profile's cwd."
             )
-        pid, _, path = result.stdout.strip().partition(" ")
+        first, _, rest = result.stdout.partition("\n")
+        pid, _, path = first.strip().partition(" ")
         if not result.ok or not pid.isdigit():
             raise ServerStartError(
                 f"launching the server on {self.label} failed (exit {result.exit_code}): "
                 f"{result.stderr.strip() or result.stdout.strip()}"
             )
-        return Started(int(pid), path or log_path)
+        cuda = rest.rstrip("\n").removeprefix("CUDA_VISIBLE_DEVICES=") if rest.startswith("CUDA_VISIBLE_DEVICES=") \
+            else None
+        return Started(int(pid), path or log_path, cuda)
 
     # kill is the kill program (env finds it), not the login shell's builtin: dash's refuses "--" and
     # a negative pid, so on a host whose login shell is sh every signal would be lost.
