@@ -54,7 +54,14 @@ from specsweep.sweep import (
 )
 from specsweep.tunnel import stop_marked_tunnels
 from tasks.benchmark import run_concurrency_benchmark, warm_up
-from tasks.blocks import aresolve_host, aresolve_profile, aresolve_secret, record_host_keys, resolve_host
+from tasks.blocks import (
+    aresolve_host,
+    aresolve_profile,
+    aresolve_secret,
+    check_allowed,
+    record_host_keys,
+    resolve_host,
+)
 from tasks.results import artifact_key, compare_configurations, fingerprint_environment, publish_configuration
 from tasks.server import Served, served
 from tasks.started import StartRecord, forget_recorded, recorded_starts
@@ -123,6 +130,7 @@ async def measure_configurations(profiles: list[ProfileParams], host: HostConfig
     level measured ``benchmark.sweep.repeats`` times."""
     prepared, servers = await prepare(benchmark, profiles)
     host_config = await aresolve_host(host)
+    check_allowed(host_config, servers)
     fixed = repeats(benchmark.sweep.repeats)
     async with host_lock(host_config), opened(host_config, host.block) as connection:
         return [await measure_configuration(profile, connection, host_config, prepared, fixed) for profile in servers]
@@ -283,6 +291,7 @@ async def compare_configurations_on(baseline: ProfileParams, speculative: Profil
                        "decided (decision.min_blocks, decision.max_requests_per_level, decision.max_seconds_per_level)")
     prepared, (base, spec) = await prepare(benchmark, [baseline, speculative])
     host_config = await aresolve_host(host)
+    check_allowed(host_config, [base, spec])
     n = benchmark.sweep.num_requests
     async with host_lock(host_config), opened(host_config, host.block) as connection:
         if decision.design == "sequential":

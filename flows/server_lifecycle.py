@@ -14,7 +14,7 @@ from specsweep.health import HealthReport
 from specsweep.hosts import HostConfig
 from specsweep.profiles import ProfileParams
 from specsweep.stages import LifecycleOptions
-from tasks.blocks import aresolve_host, aresolve_profile
+from tasks.blocks import aresolve_host, aresolve_profile, check_allowed
 from tasks.server import served
 
 
@@ -27,6 +27,7 @@ async def server_lifecycle(
     """Start the server, report how long it took to be ready, and kill it."""
     server = await aresolve_profile(profile)
     config = await aresolve_host(host)
+    check_allowed(config, [server])
     async with opened(config, host.block) as h, served(h, config, server, stages, RequestOptions(), marker=str(flow_run_id())) \
             as ready:
         return ready.ready

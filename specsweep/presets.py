@@ -55,6 +55,8 @@ def sglang_baseline(
             "health_poll_max_interval_s": 0.2,
             "cleanup_patterns": SGLANG_CLEANUP,
             "probe_path": "/generate",
+            "description": "SGLang. It takes an API key only as a flag (add --api-key {api_key} to argv), which every "
+            "user of the host can read with ps: prefer no key on a host's loopback, reached over SSH.",
         }
     )
 

@@ -49,6 +49,8 @@ class ProfileParams(BaseModel):
         max_length=80,
     )
     engine: Engine = Field("custom", description="Serving engine: sglang, vllm, llamacpp or custom.")
+    description: str = Field("", max_length=1000, description="What this configuration is, for people (and how the "
+                             "engine takes its API key, where that matters).")
     argv: list[str] = Field(
         description="Launch command as a list of arguments (never a shell string). "
         "{host}, {port} and {api_key} are replaced by the fields of the same name.",

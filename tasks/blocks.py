@@ -70,6 +70,10 @@ class SSHHostBlock(Block):
     jump_port: int = Field(22, ge=1, le=65535, description="Jump host SSH port.")
     jump_user: str | None = Field(None, description="Login name on the jump host; default the same user.")
     http_address: str | None = Field(None, description="Address the benchmark client uses to reach the server port.")
+    allowed_commands: list[str] | None = Field(
+        None, description="Commands servers may be started with on this host (the first arguments of a launch "
+        "command, e.g. '/opt/sglang/bin/python -m sglang.launch_server'); anything else is refused before it runs. "
+        "Empty: any command, so whoever can create flow runs can run any command here.")
 
     def _known_hosts(self) -> Path | None:
         """The block's known_hosts lines (and those of its known_hosts_path file) as one file."""
@@ -93,7 +97,17 @@ class SSHHostBlock(Block):
         address = named_by.http_address if named_by and named_by.http_address else self.http_address
         kept = named_by.model_dump(include={"traffic", "tunnel_client", "load_generator", "host_python"}) \
             if named_by else {}
-        return HostConfig(kind="ssh", ssh=target, jump=jump, http_address=address, **kept)
+        return HostConfig(kind="ssh", ssh=target, jump=jump, http_address=address, allowed_commands=self.allowed_commands,
+                          **kept)
+
+
+def check_allowed(host: HostConfig, profiles: list[ServerProfile]) -> None:
+    """Before anything runs: every profile's command is one the host allows (its block's allow-list),
+    and so is the on-host load generator's interpreter."""
+    for i, profile in enumerate(profiles):
+        host.check_command(profile.argv, profile.env, f"profiles[{i}]" if len(profiles) > 1 else "profile")
+    if host.load_generator == "host":
+        host.check_command([host.host_python, "-I", "-m", "specsweep.bench.remote"], {}, "host.host_python")
 
 
 def resolve_host(host: HostConfig) -> HostConfig:
@@ -198,5 +212,5 @@ async def aresolve_profile(profile: ProfileParams, field: str = "profile") -> Se
 # Registered with ``prefect block register -m tasks.blocks`` together with the SSH host block.
 from tasks.storage import ResultsLocation  # noqa: E402
 
-__all__ = ["ResultsLocation", "SSHHostBlock", "aresolve_host", "aresolve_profile", "aresolve_secret", "record_host_keys",
-           "resolve_host"]
+__all__ = ["ResultsLocation", "SSHHostBlock", "aresolve_host", "aresolve_profile", "aresolve_secret", "check_allowed",
+           "record_host_keys", "resolve_host"]

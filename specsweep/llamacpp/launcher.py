@@ -43,7 +43,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--spec-draft-n-max", type=int, default=16)
     ap.add_argument("--spec-draft-n-min", type=int, default=0)
     ap.add_argument("--spec-draft-p-min", type=float, default=None)
-    ap.add_argument("--api-key", default=None)
+    ap.add_argument("--api-key", default=os.environ.get("LLAMA_API_KEY") or None,
+                    help="API key (default: $LLAMA_API_KEY, as llama-server reads it)")
     ap.add_argument("--alias", default=None, help="model name reported by /v1/models")
     ap.add_argument("-ngl", "--n-gpu-layers", type=int, default=0, help="accepted for compatibility; CPU only")
     return ap.parse_args(argv)

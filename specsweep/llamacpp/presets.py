@@ -54,6 +54,8 @@ def _profile(name: str, argv: list[str], port: int) -> ServerProfile:
             "startup_timeout_s": 120.0,
             "health_poll_max_interval_s": 0.15,
             "kill_grace_s": 5.0,
+            "api_key_env": "LLAMA_API_KEY",
+            "description": "llama.cpp's server; its API key (api_key_secret) reaches it as LLAMA_API_KEY.",
         }
     )
 

