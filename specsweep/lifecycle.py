@@ -163,16 +163,21 @@ def find_server_processes(host: Host, profile: ServerProfile, handle: ServerHand
             elif any(rx.search(procs[pid].args) for rx in patterns if pid in procs):
                 take(pid, f"left over: started by specsweep for port {profile.port}, matches cleanup_patterns")
     # Descendants that still hang off the tree (the login user's only).
+    _add_descendants(found, procs, mine, "child of a server process")
+    return found
+
+
+def _add_descendants(found: dict[int, str], procs: dict[int, ProcessInfo], allowed: set[int], reason: str) -> None:
+    """Add the descendants of the processes in ``found`` that are among ``allowed``."""
     children: dict[int, list[int]] = {}
     for p in procs.values():
         children.setdefault(p.ppid, []).append(p.pid)
     stack = list(found)
     while stack:
         for child in children.get(stack.pop(), []):
-            if child not in found and child in mine:
-                found[child] = f"child of a server process ({procs[child].ppid})"
+            if child not in found and child in allowed:
+                found[child] = f"{reason} ({procs[child].ppid})"
                 stack.append(child)
-    return found
 
 
 def _alive(host: Host, pids: set[int]) -> set[int]:
@@ -364,15 +369,8 @@ def _take_port(host: Host, profile: ServerProfile, log: Logger, redact: Redactor
     protected = _protected_pids(host, procs)
     found: dict[int, str] = {pid: f"holds port {profile.port} (kill_port_holder)" for pid in owners
                              if pid not in protected}
-    children: dict[int, list[int]] = {}
-    for p in procs.values():
-        children.setdefault(p.ppid, []).append(p.pid)
-    stack = list(found)
-    while stack:
-        for child in children.get(stack.pop(), []):
-            if child not in found and procs[child].uid == me and child not in protected:
-                found[child] = "child of the port's holder"
-                stack.append(child)
+    mine = {pid for pid, p in procs.items() if p.uid == me and pid not in protected}
+    _add_descendants(found, procs, mine, "child of the port's holder")
     log.warning("port %d is held by %s: killing it first (kill_port_holder is set)",
                 profile.port, describe_port_holders(host, profile.port, redact))
     _kill(host, profile, found, procs, None, token=None, log=log, redact=redact, start=time.monotonic())

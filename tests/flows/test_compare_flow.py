@@ -34,7 +34,7 @@ def sim_profiles(port: int, *extra: str) -> tuple[ServerProfile, ServerProfile]:
 
 
 async def test_compare_speculation_end_to_end(tmp_path: Path) -> None:
-    port = free_port()
+    port = free_port(span=2)  # side by side, the speculative server takes the next port
     base, spec = sim_profiles(port)
     results = tmp_path / "results"
     state = await compare_speculation(
@@ -139,6 +139,21 @@ def endless_level(port: int, tmp_path: Path) -> dict[str, object]:
     }
 
 
+async def until_measuring(port: int, tmp_path: Path) -> None:
+    """Until the run's server runs and its level is under way."""
+    for _ in range(240):
+        if pids_with_marker(port) and (tmp_path / "results" / "runs").exists():
+            return
+        await asyncio.sleep(0.25)
+
+
+async def until_gone(port: int) -> None:
+    for _ in range(120):
+        if not pids_with_marker(port):
+            return
+        await asyncio.sleep(0.25)
+
+
 async def test_cancelled_run_leaves_no_server(tmp_path: Path) -> None:
     port = free_port()
     params = endless_level(port, tmp_path)
@@ -146,18 +161,12 @@ async def test_cancelled_run_leaves_no_server(tmp_path: Path) -> None:
         await wait_for_deployment("benchmark-config/cancel-test")
         run = await run_deployment("benchmark-config/cancel-test", parameters=params, timeout=0)
         await wait_for_state(run.id, {"Running"})
-        for _ in range(240):  # until the server runs and the level is under way
-            if pids_with_marker(port) and (tmp_path / "results" / "runs").exists():
-                break
-            await asyncio.sleep(0.25)
+        await until_measuring(port, tmp_path)
         assert pids_with_marker(port)
         async with get_client() as client:
             await client.set_flow_run_state(run.id, Cancelling(), force=True)
         await wait_for_state(run.id, {"Cancelled"}, timeout=60)
-        for _ in range(120):
-            if not pids_with_marker(port):
-                break
-            await asyncio.sleep(0.25)
+        await until_gone(port)
     assert pids_with_marker(port) == []
     await assert_host_given_back()
 
@@ -171,10 +180,7 @@ async def test_cancelling_a_run_that_waits_for_the_host_leaves_the_running_serve
         await wait_for_deployment("benchmark-config/queued-cancel")
         first = await run_deployment("benchmark-config/queued-cancel", parameters=params, timeout=0)
         await wait_for_state(first.id, {"Running"})
-        for _ in range(240):
-            if pids_with_marker(port) and (tmp_path / "results" / "runs").exists():
-                break
-            await asyncio.sleep(0.25)
+        await until_measuring(port, tmp_path)
         serving_pids = pids_with_marker(port)
         assert serving_pids
         second = await run_deployment("benchmark-config/queued-cancel", parameters=params, timeout=0)
@@ -191,10 +197,7 @@ async def test_cancelling_a_run_that_waits_for_the_host_leaves_the_running_serve
             assert (await client.read_flow_run(first.id)).state.name == "Running"  # type: ignore[union-attr]
             await client.set_flow_run_state(first.id, Cancelling(), force=True)
         await wait_for_state(first.id, {"Cancelled"}, timeout=60)
-        for _ in range(120):
-            if not pids_with_marker(port):
-                break
-            await asyncio.sleep(0.25)
+        await until_gone(port)
     assert pids_with_marker(port) == []
     await assert_host_given_back()
 
@@ -210,10 +213,7 @@ async def test_flow_process_killed_outright_the_crash_hook_kills_the_server(tmp_
         await wait_for_deployment("benchmark-config/crash-test")
         run = await run_deployment("benchmark-config/crash-test", parameters=params, timeout=0)
         await wait_for_state(run.id, {"Running"})
-        for _ in range(240):
-            if pids_with_marker(port) and (tmp_path / "results" / "runs").exists():
-                break
-            await asyncio.sleep(0.25)
+        await until_measuring(port, tmp_path)
         server_pids = pids_with_marker(port)
         assert server_pids
         # The flow run's process: the runner's child that is not the server.
@@ -224,10 +224,7 @@ async def test_flow_process_killed_outright_the_crash_hook_kills_the_server(tmp_
             os.kill(p, signal.SIGKILL)
         crashed = await wait_for_state(run.id, {"Crashed", "Failed", "Cancelled"}, timeout=90)
         assert crashed.state.name == "Crashed", crashed.state
-        for _ in range(120):
-            if not pids_with_marker(port):
-                break
-            await asyncio.sleep(0.25)
+        await until_gone(port)
     assert pids_with_marker(port) == []
     # The hook ran in the runner process, and said what it killed in the flow run's own log (the UI's).
     messages = await flow_logs(run.id, until="(Crashed): killed 1 process(es)")
@@ -288,7 +285,7 @@ async def test_alternate_design_takes_blocks_in_turn(alternate_by: str, tmp_path
     one restarted for each block; the comparison pairs them and decides each level."""
     from specsweep.decision import DecisionConfig
 
-    port = free_port()
+    port = free_port(span=2)  # side by side, the speculative server takes the next port
     base, spec = sim_profiles(port)
     results = tmp_path / "results"
     state = await compare_speculation(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -13,10 +14,22 @@ from pathlib import Path
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+def free_port(host: str = "127.0.0.1", span: int = 1) -> int:
+    """A port (and the span-1 after it) free to listen on, below the kernel's ephemeral range
+    (32768-60999), so that no client connection made meanwhile takes it before the server binds it."""
+    for _ in range(1000):
+        first = random.randrange(20000, 32000 - span)
+        socks = [socket.socket() for _ in range(span)]
+        try:
+            for offset, s in enumerate(socks):
+                s.bind((host, first + offset))
+            return first
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {span} free port(s) in a row on {host}")
 
 
 def keygen(path: Path, kind: str = "ed25519") -> str:
