@@ -156,7 +156,7 @@ class WarmUp(BaseModel):
 
 
 async def settle(target: BenchTarget, job: SweepJob, *, max_requests: int = 24, max_seconds: float = 60.0,
-                 window: int = 4, tolerance: float = 0.15, jitter_ms: float = 1.0) -> WarmUp:
+                 window: int = 4, tolerance: float = 0.15, jitter_ms: float = 2.0) -> WarmUp:
     """Warm a server up after its start until its time to first token settles: single requests (of the
     run's workload, from prompts no level sends) until the last ``window`` TTFTs all lie within
     ±``tolerance`` of their median (or within ``jitter_ms``, for a server whose TTFT is a few ms, where
