@@ -57,10 +57,17 @@ def test_a_start_whose_environment_was_cut_short_starts_nothing(host: LocalHost,
     time.sleep(0.2)
     assert pids_with_env("SPECSWEEP_SERVER_PORT", marker) == []
     whole = host.run(argv, input=env)
-    assert whole.ok, whole.stderr
-    pids = pids_with_env("SPECSWEEP_SERVER_PORT", marker)
-    assert len(pids) == 1
-    os.kill(pids[0], 9)
+    try:
+        assert whole.ok, whole.stderr
+        # The server's environment shows in /proc once `env` has exec'd it: wait for that moment.
+        deadline = time.monotonic() + 5
+        while not (pids := pids_with_env("SPECSWEEP_SERVER_PORT", marker)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(pids) == 1
+    finally:
+        time.sleep(0.2)
+        for pid in pids_with_env("SPECSWEEP_SERVER_PORT", marker):  # never left behind for the next run
+            os.kill(pid, 9)
 
 
 async def test_default_log_is_private_under_home(host: LocalHost, make_toy: MakeToy) -> None:
