@@ -227,7 +227,7 @@ async def configuration(profile: ServerProfile, host: Host, host_config: HostCon
 
             async def measure_restarted(level: Level) -> LevelRow:
                 async with ready() as server:
-                    row = await bench(server.target, job, level, server.path.on_host)
+                    row = await bench(server.target, job, level, server.path.on_host, server.gpus)
                     if row.failed:
                         await server.check(f"during level {level.label}")
                     return row
@@ -243,7 +243,7 @@ def bench_only(bench: Any, server: Served | None, job: SweepJob) -> Measure:
 
     async def measure(level: Level) -> LevelRow:
         assert server is not None, "a finished configuration measures nothing"
-        row: LevelRow = await bench(server.target, job, level, server.path.on_host)
+        row: LevelRow = await bench(server.target, job, level, server.path.on_host, server.gpus)
         return row
 
     return measure

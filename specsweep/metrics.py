@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from specsweep import engine_metrics
 from specsweep.records import Level, LevelRow, LevelRun, RequestRecord, RequestRow
 
 STATS = ("mean", "median", "p90", "p99")
@@ -112,16 +113,16 @@ def spec_from_records(records: Sequence[RequestRecord]) -> dict[str, float | Non
 
 
 def spec_from_counters(before: dict[str, float], after: dict[str, float]) -> tuple[dict[str, float | None], str | None]:
-    """A level's speculation figures from cumulative server counters read around it (vLLM's
-    ``/metrics``): differences, never one reading. Returns the figures and how they were
-    obtained (None when the server has no such counters)."""
-    if "vllm_drafted" in after:
-        drafted = after["vllm_drafted"] - before.get("vllm_drafted", 0.0)
-        accepted = after.get("vllm_accepted", 0.0) - before.get("vllm_accepted", 0.0)
-        drafts = after.get("vllm_drafts", 0.0) - before.get("vllm_drafts", 0.0)
-        return ({"spec_acceptance_rate": accepted / drafted if drafted > 0 else None,
-                 "spec_accept_length": 1 + accepted / drafts if drafts > 0 else None}, "vllm /metrics difference")
-    return {}, None
+    """A level's speculation figures from the engine's cumulative counters read around it
+    (``engine_metrics.snapshot`` of vLLM's ``/metrics``): differences, never one reading. Returns the
+    figures and how they were obtained (None when the server has no such counters)."""
+    diff = engine_metrics.differences(before, after)
+    if "spec_draft_tokens" not in diff:
+        return {}, None
+    drafted, drafts = diff["spec_draft_tokens"], diff.get("spec_drafts", 0.0)
+    accepted = diff.get("spec_accepted_tokens", 0.0)
+    return ({"spec_acceptance_rate": accepted / drafted if drafted > 0 else None,
+             "spec_accept_length": 1 + accepted / drafts if drafts > 0 else None}, "/metrics difference")
 
 
 def level_metrics(records: Sequence[RequestRecord]) -> dict[str, Any]:
@@ -174,7 +175,7 @@ def level_row(run: LevelRun, *, config_name: str) -> LevelRow:
     """Every figure of one level, from its raw records and counters."""
     m = level_metrics(run.records)
     spec_source = "per-request" if (m["spec_acceptance_rate"] is not None or m["spec_accept_length"] is not None) else None
-    counted, source = spec_from_counters(run.spec_before, run.spec_after)
+    counted, source = spec_from_counters(run.engine_before, run.engine_after)
     for key, value in counted.items():
         if m.get(key) is None and value is not None:
             m[key] = value
@@ -184,6 +185,7 @@ def level_row(run: LevelRun, *, config_name: str) -> LevelRow:
         config_name=config_name, level_index=level.index, mode=level.mode, concurrency=level.concurrency,
         request_rate_per_s=level.value if level.mode == "rate" else None, repeat=level.repeat,
         started_at=epoch_iso(run.started_at), **m, spec_source=spec_source,
+        **engine_metrics.level_figures(run.engine_before, run.engine_after, run.engine_during),
         client_cpu_s=run.client_cpu_s, client_cpu_share=run.client_cpu_share,
         client_loop_lag_p99_ms=run.loop_lag_p99_ms, client_loop_lag_max_ms=run.loop_lag_max_ms,
         client_workers=run.workers, client_connections=run.connections_opened, client_bottleneck=run.client_bottleneck,

@@ -102,8 +102,9 @@ class LevelRun:
     loop_lag_p99_ms: float | None = None
     loop_lag_max_ms: float | None = None
     workers: int = 1
-    spec_before: dict[str, float] = field(default_factory=dict)
-    spec_after: dict[str, float] = field(default_factory=dict)
+    engine_before: dict[str, float] = field(default_factory=dict)  # the engine's /metrics (engine_metrics.snapshot)
+    engine_after: dict[str, float] = field(default_factory=dict)  # right before and right after the timed load
+    engine_during: list[dict[str, float]] = field(default_factory=list)  # its gauges, sampled while the level ran
     connections_opened: int = 0
 
     #: A level is flagged when the client used this share of one core, or its loop lagged this much.
@@ -212,6 +213,27 @@ class LevelRow(Row):
     spec_acceptance_rate: float | None = None
     spec_accept_length: float | None = None
     spec_source: str | None = None
+    spec_drafts: float | None = Field(None, description="Drafts the engine made in the level (/metrics difference).")
+    spec_draft_tokens: float | None = None
+    spec_accepted_tokens: float | None = None
+    spec_acceptance_per_position: list[float] | None = Field(
+        None, description="Of the level's drafts, the share whose i-th drafted token was accepted (vLLM).")
+    engine_metrics: str | None = Field(None, description="Where the engine_* figures came from (/metrics), or none.")
+    engine_running_mean: float | None = Field(None, description="Requests the engine ran at once (its batch), mean.")
+    engine_running_max: float | None = None
+    engine_waiting_mean: float | None = Field(None, description="Requests queued in the engine, mean.")
+    engine_waiting_max: float | None = None
+    engine_kv_cache_mean: float | None = Field(None, description="KV-cache share in use (0-1), mean.")
+    engine_kv_cache_max: float | None = None
+    engine_preemptions: float | None = None
+    engine_prompt_tokens: float | None = None
+    engine_generation_tokens: float | None = None
+    gpu_samples: int | None = Field(None, description="nvidia-smi readings taken while the level ran (its GPUs).")
+    gpu_count: int | None = Field(None, description="GPUs of the server's that nvidia-smi reported.")
+    gpu_utilization_mean_pct: float | None = Field(None, description="GPU utilisation, mean over its GPUs and readings.")
+    gpu_utilization_max_pct: float | None = None
+    gpu_memory_used_max_mib: float | None = Field(None, description="Most memory its GPUs held together (MiB).")
+    gpu_power_mean_w: float | None = Field(None, description="Power draw of its GPUs together, mean (W).")
     prompts_digest: str | None = Field(None, description="Hash of the level's prompt texts, in order.")
     prompt_tokens_by: str | None = Field(None, description="How prompt lengths were counted: local, server, approximate.")
     client_cpu_s: float | None = None

@@ -10,7 +10,6 @@ header from here (``bearer``). Whatever the traffic path to the server is, it is
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
@@ -18,6 +17,8 @@ from typing import Any
 import httpx
 import orjson
 from pydantic import SecretStr
+
+from specsweep import engine_metrics
 
 
 def bearer(api_key: SecretStr | None) -> dict[str, str]:
@@ -32,23 +33,6 @@ def reason(exc: BaseException) -> str:
     if isinstance(exc, httpx.TimeoutException):
         return "no answer (timeout)"
     return f"{type(exc).__name__}: {exc}"
-
-
-_VLLM_COUNTERS = {
-    "vllm_accepted": re.compile(r"^vllm:spec_decode_num_accepted_tokens(?:_total)?(?:\{[^}]*\})?\s+([0-9.eE+-]+)$", re.M),
-    "vllm_drafted": re.compile(r"^vllm:spec_decode_num_draft_tokens(?:_total)?(?:\{[^}]*\})?\s+([0-9.eE+-]+)$", re.M),
-    "vllm_drafts": re.compile(r"^vllm:spec_decode_num_drafts(?:_total)?(?:\{[^}]*\})?\s+([0-9.eE+-]+)$", re.M),
-}
-
-
-def vllm_spec_counters(text: str) -> dict[str, float]:
-    """vLLM's cumulative speculation counters from a Prometheus text page (summed over labels)."""
-    out: dict[str, float] = {}
-    for key, rx in _VLLM_COUNTERS.items():
-        values = rx.findall(text)
-        if values:
-            out[key] = sum(float(v) for v in values)
-    return out
 
 
 class ServerAPI:
@@ -122,10 +106,11 @@ class ServerAPI:
             return None
         return r.text if r.status_code == 200 else None
 
-    async def spec_counters(self) -> dict[str, float]:
-        """The cumulative speculation counters the server offers (vLLM ``/metrics``); empty when none."""
+    async def engine_snapshot(self) -> dict[str, float]:
+        """The engine's ``/metrics`` in specsweep's vocabulary (``engine_metrics.snapshot``); empty when
+        it serves none."""
         text = await self.metrics_text()
-        return vllm_spec_counters(text) if text and "vllm:" in text else {}
+        return engine_metrics.snapshot(text) if text else {}
 
     # -- tokenizer ---------------------------------------------------------------------------
 

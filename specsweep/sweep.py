@@ -14,6 +14,7 @@ task (persisted, so that a retried flow run reuses finished levels) and their cr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import time
@@ -24,11 +25,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from specsweep import metrics
+from specsweep import engine_metrics, metrics
 from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
 from specsweep.bench.remote import HostLoadGenerator
 from specsweep.bench.runner import Load, run_level
 from specsweep.bench.workload import Prompt, build_prompts, local_tokenizer, prompts_digest, server_tokenizer
+from specsweep.gpu_metrics import GpuWatch, level_gpu_figures
 from specsweep.records import Level, LevelRow, Mode, RequestRecord, RunRow, RunStatus
 from specsweep.server_api import ServerAPI
 from specsweep.storage import StorageOptions
@@ -101,6 +103,9 @@ class PromptSet:
     digest: str
 
 
+#: How often the engine's /metrics gauges are read while a level runs.
+ENGINE_SAMPLE_S = 0.25
+
 _prompt_cache: dict[str, PromptSet] = {}
 
 
@@ -123,9 +128,11 @@ async def measure_level(
     *,
     on_request: Callable[[RequestRecord], None] | None = None,
     on_host: HostLoadGenerator | None = None,
+    gpus: GpuWatch | None = None,
 ) -> LevelRow:
     """Run one level, write it to the store (atomically) and return its row. With ``on_host`` the level's
-    load runs on the server's host (its prompts prepared here, as always) and ``on_request`` is not called."""
+    load runs on the server's host (its prompts prepared here, as always) and ``on_request`` is not called.
+    With ``gpus`` the server's GPUs are read with nvidia-smi while the level runs."""
     sweep = job.sweep
     count = sweep.num_requests if sweep.duration_s is None else max(sweep.num_requests, 256)
     # Fresh prompts for every level and repeat (seeded, so reruns send the same ones): a server
@@ -136,12 +143,19 @@ async def measure_level(
         prompt_set = await _prompts(api, model, workload, count)
         load = Load(base_url=target.base_url, request=target.request, prompts=prompt_set.prompts,
                     output_len=workload.output_len, sweep=sweep, model=model, engine=target.engine)
-        if on_host is not None:
-            run = await on_host.run(load, level)
-        else:
-            run = await run_level(load, level, counters=api.spec_counters, on_request=on_request)
+        # The engine's gauges (its batch, queue, KV cache) are read here while the level runs, wherever
+        # its load comes from; its counters right before and after the timed load.
+        watch = gpus.fresh() if gpus is not None else None
+        async with engine_metrics.Sampler(api.metrics_text, interval_s=ENGINE_SAMPLE_S) as sampler, \
+                watch or contextlib.nullcontext():
+            if on_host is not None:
+                run = await on_host.run(load, level)
+            else:
+                run = await run_level(load, level, counters=api.engine_snapshot, on_request=on_request)
+        run.engine_during = sampler.samples.within(run.started_at, run.started_at + run.client_wall_s)
+    gpu = level_gpu_figures(watch.within(run.started_at, run.started_at + run.client_wall_s)) if watch else {}
     row = metrics.level_row(run, config_name=job.config_name).model_copy(
-        update={"prompts_digest": prompt_set.digest, "prompt_tokens_by": prompt_set.counted_by})
+        update={"prompts_digest": prompt_set.digest, "prompt_tokens_by": prompt_set.counted_by, **gpu})
     job.store().write_level(job.run_id, level.key, row, metrics.request_rows(run))
     return row
 

@@ -12,19 +12,21 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE, RUN_ID, TASK_SOURCE, Inputs
 
 from specsweep.bench.remote import HostLoadGenerator
+from specsweep.gpu_metrics import GpuWatch
 from specsweep.records import Level, LevelRow
 from specsweep.sweep import BenchTarget, SweepJob, WarmUp, measure_level, settle
 from tasks._common import run_logger
 
-LEVEL_CACHE = Inputs(exclude=["target", "on_host"]) + TASK_SOURCE + RUN_ID
+LEVEL_CACHE = Inputs(exclude=["target", "on_host", "gpus"]) + TASK_SOURCE + RUN_ID
 
 
 @task(name="run_concurrency_benchmark", persist_result=True, cache_policy=LEVEL_CACHE,
       task_run_name="benchmark {job.config_name} {level}")
 async def run_concurrency_benchmark(target: BenchTarget, job: SweepJob, level: Level,
-                                    on_host: HostLoadGenerator | None = None) -> LevelRow:
+                                    on_host: HostLoadGenerator | None = None, gpus: GpuWatch | None = None) -> LevelRow:
     """Measure one level against the running server and store it; return its figures. ``on_host``: the
-    load generator on the server's host, when the host config puts it there."""
+    load generator on the server's host, when the host config puts it there; ``gpus``: the server's GPUs,
+    read with nvidia-smi while the level runs (where the host has it)."""
     logger = run_logger()
     if target.request.api_key:
         logger.redactor.add(target.request.api_key.get_secret_value())
@@ -32,7 +34,7 @@ async def run_concurrency_benchmark(target: BenchTarget, job: SweepJob, level: L
     logger.info("%s: level %s (repeat %d) — %d requests, %d-token outputs, %d warm-up%s", job.config_name, level.label,
                 level.repeat, sweep.num_requests, workload.output_len, sweep.warmup_requests,
                 f" — load generated on {on_host.host.label}" if on_host else "")
-    row = await measure_level(target, job, level, on_host=on_host)
+    row = await measure_level(target, job, level, on_host=on_host, gpus=gpus)
     spec = f", accept length {row.spec_accept_length:.2f}" if row.spec_accept_length else ""
     spec += f", acceptance {row.spec_acceptance_rate:.0%}" if row.spec_acceptance_rate else ""
     logger.info(

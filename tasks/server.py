@@ -21,6 +21,7 @@ from prefect.cache_policies import NO_CACHE
 
 from specsweep import health, lifecycle
 from specsweep.bench.config import RequestOptions
+from specsweep.gpu_metrics import GpuWatch
 from specsweep.hosts import Host, HostConfig
 from specsweep.lifecycle import KillReport, ServerHandle
 from specsweep.profiles import ServerProfile
@@ -90,6 +91,7 @@ class Served:
     ready: health.HealthReport
     target: BenchTarget
     path: ServerPath
+    gpus: GpuWatch | None = None  # the server's GPUs, where the host has nvidia-smi
 
     PATH_WAIT_S = 30.0
 
@@ -134,7 +136,8 @@ async def served(host: Host, config: HostConfig, profile: ServerProfile, stages:
         handle = await start(host, profile, stages.kill_port_holder, token)
         ready = await wait_for_health.with_options(**stages.wait.task_options())(host, profile, handle, path)
         target = BenchTarget(base_url=path.url, request=request, engine=profile.engine)
-        yield Served(host, profile, handle, ready, target, path)
+        gpus = GpuWatch(host, handle.cuda_visible_devices) if await asyncio.to_thread(host.which, "nvidia-smi") else None
+        yield Served(host, profile, handle, ready, target, path, gpus)
     except BaseException as exc:
         problem = await _final_kill(kill, host, profile, handle, token)
         await asyncio.to_thread(path.close)

@@ -33,7 +33,7 @@ from specsweep.hosts.base import Host
 from specsweep.records import Level, LevelRun
 
 #: Bumped whenever the payload changes: both sides must speak the same one.
-PROTOCOL = 1
+PROTOCOL = 2  # 2: the engine's /metrics snapshots (engine_before/after) replace spec_before/after
 MODULE = "specsweep.bench.remote"
 
 
@@ -114,7 +114,7 @@ async def _serve(wire: dict[str, Any]) -> dict[str, Any]:
 
     load, level = load_from_wire(wire["load"]), Level(**wire["level"])
     async with ServerAPI(load.base_url, load.request.api_key) as api:
-        return run_to_wire(await run_level(load, level, counters=api.spec_counters))
+        return run_to_wire(await run_level(load, level, counters=api.engine_snapshot))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -218,7 +218,7 @@ async def run_level_in_process(
                 "check the URL, endpoint and API key"
             )
     await pool.prefill(min(conc, 4096))  # no TCP setup inside the timed path
-    spec_before = await counters() if counters else {}
+    engine_before = await counters() if counters else {}
     if share.start_at is not None:
         await asyncio.sleep(max(0.0, share.start_at - time.perf_counter()))
     started_at = time.time()
@@ -231,9 +231,9 @@ async def run_level_in_process(
                                        share.first_index)
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     pool.close()
-    spec_after = await counters() if counters else {}
+    engine_after = await counters() if counters else {}
     p99, worst = lag.stats_ms()
-    return LevelRun(level, records, started_at, cpu, wall, p99, worst, 1, spec_before, spec_after,
+    return LevelRun(level, records, started_at, cpu, wall, p99, worst, 1, engine_before, engine_after,
                     connections_opened=pool.opened)
 
 
@@ -252,15 +252,15 @@ def run_to_wire(run: LevelRun) -> dict[str, Any]:
     the load generator on the GPU host): its records and what the client measured of itself."""
     return {"records": [r.as_dict() for r in run.records], "cpu": run.client_cpu_s, "wall": run.client_wall_s,
             "lag_p99": run.loop_lag_p99_ms, "lag_max": run.loop_lag_max_ms, "started_at": run.started_at,
-            "connections": run.connections_opened, "workers": run.workers, "spec_before": run.spec_before,
-            "spec_after": run.spec_after}
+            "connections": run.connections_opened, "workers": run.workers, "engine_before": run.engine_before,
+            "engine_after": run.engine_after}
 
 
 def run_from_wire(level: Level, wire: dict[str, Any]) -> LevelRun:
     return LevelRun(level, [RequestRecord(**row) for row in wire["records"]], wire["started_at"],
                     client_cpu_s=wire["cpu"], client_wall_s=wire["wall"], loop_lag_p99_ms=wire["lag_p99"],
                     loop_lag_max_ms=wire["lag_max"], workers=wire.get("workers", 1),
-                    spec_before=wire.get("spec_before", {}), spec_after=wire.get("spec_after", {}),
+                    engine_before=wire.get("engine_before", {}), engine_after=wire.get("engine_after", {}),
                     connections_opened=wire["connections"])
 
 
@@ -305,9 +305,9 @@ async def run_level(
         running = [loop.run_in_executor(pool, _worker_entry, load, s) for s in shares]
         # The workers warm up and then wait for start_at: read the counters just before it.
         await asyncio.sleep(max(0.0, start_at - 0.05 - time.perf_counter()))
-        spec_before = await counters() if counters else {}
+        engine_before = await counters() if counters else {}
         results = await asyncio.gather(*running)
-    spec_after = await counters() if counters else {}
+    engine_after = await counters() if counters else {}
     records = [RequestRecord(**row) for res in results for row in res["records"]]
     lags = [r["lag_p99"] for r in results if r["lag_p99"] is not None]
     return LevelRun(
@@ -315,7 +315,7 @@ async def run_level(
         client_cpu_s=sum(r["cpu"] for r in results), client_wall_s=max(r["wall"] for r in results),
         loop_lag_p99_ms=max(lags) if lags else None,
         loop_lag_max_ms=max((r["lag_max"] for r in results if r["lag_max"] is not None), default=None),
-        workers=workers, spec_before=spec_before, spec_after=spec_after,
+        workers=workers, engine_before=engine_before, engine_after=engine_after,
         connections_opened=sum(r["connections"] for r in results),
     )
 

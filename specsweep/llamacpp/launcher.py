@@ -1,7 +1,7 @@
 """``llama-server`` for machines without the binary: the same flags, over the xllamacpp wheel.
 
     python -m specsweep.llamacpp.launcher -m target.gguf --host 127.0.0.1 --port 8081 \
-        -np 8 -c 8192 -t 2 [-md draft.gguf --spec-type draft-simple --spec-draft-n-max 8]
+        -np 8 -c 8192 -t 2 --metrics [-md draft.gguf --spec-type draft-simple --draft-max 8]
 
 Like llama-server: the port refuses connections for a moment, /health answers 503
 "Loading model" while the model loads, then 200 {"status":"ok"}. SIGTERM exits cleanly.
@@ -40,9 +40,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("-b", "--batch-size", type=int, default=None)
     ap.add_argument("-md", "--model-draft", default=None, help="draft model (GGUF)")
     ap.add_argument("--spec-type", choices=sorted(SPEC_TYPES), default="none")
-    ap.add_argument("--spec-draft-n-max", type=int, default=16)
-    ap.add_argument("--spec-draft-n-min", type=int, default=0)
-    ap.add_argument("--spec-draft-p-min", type=float, default=None)
+    # llama-server's names for these, old and new.
+    ap.add_argument("--spec-draft-n-max", "--draft-max", "--draft", "--draft-n", dest="spec_draft_n_max", type=int,
+                    default=16, help="most tokens drafted per step")
+    ap.add_argument("--spec-draft-n-min", "--draft-min", "--draft-n-min", dest="spec_draft_n_min", type=int, default=0,
+                    help="fewest tokens drafted per step")
+    ap.add_argument("--spec-draft-p-min", "--draft-p-min", dest="spec_draft_p_min", type=float, default=None,
+                    help="least probability of a drafted token (greedy)")
+    ap.add_argument("--metrics", action="store_true", help="serve Prometheus metrics at /metrics")
     ap.add_argument("--api-key", default=os.environ.get("LLAMA_API_KEY") or None,
                     help="API key (default: $LLAMA_API_KEY, as llama-server reads it)")
     ap.add_argument("--alias", default=None, help="model name reported by /v1/models")
@@ -64,6 +69,7 @@ def build_params(args: argparse.Namespace) -> Any:  # an xllamacpp.CommonParams 
     if args.batch_size:
         p.n_batch = args.batch_size
     p.cont_batching = True
+    p.endpoint_metrics = bool(args.metrics)
     if args.alias:
         p.model_alias = args.alias
     if args.api_key:

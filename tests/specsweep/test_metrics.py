@@ -87,11 +87,13 @@ def test_summary_percentiles_and_empty() -> None:
 
 
 def test_spec_from_counters() -> None:
-    figures, how = spec_from_counters({"vllm_drafted": 100, "vllm_accepted": 60, "vllm_drafts": 25},
-                                      {"vllm_drafted": 300, "vllm_accepted": 180, "vllm_drafts": 75})
+    figures, how = spec_from_counters({"spec_draft_tokens": 100, "spec_accepted_tokens": 60, "spec_drafts": 25},
+                                      {"spec_draft_tokens": 300, "spec_accepted_tokens": 180, "spec_drafts": 75})
     assert figures == {"spec_acceptance_rate": 0.6, "spec_accept_length": pytest.approx(1 + 120 / 50)}
-    assert how is not None and "vllm" in how
+    assert how == "/metrics difference"
     assert spec_from_counters({}, {}) == ({}, None)
+    # A counter that went down (the server restarted between the readings) gives no figure.
+    assert spec_from_counters({"spec_draft_tokens": 300}, {"spec_draft_tokens": 10}) == ({}, None)
 
 
 def test_sglang_acceptance_from_per_request_fields() -> None:

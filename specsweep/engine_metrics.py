@@ -1,0 +1,159 @@
+"""The engine's own Prometheus ``/metrics`` around and during a level.
+
+vLLM serves it always, SGLang with ``--enable-metrics``, llama.cpp with ``--metrics``. Each
+engine names the same things its own way; ``snapshot`` reads a page into one vocabulary:
+
+    gauges    running, waiting (requests), kv_cache (fraction used)
+    counters  preemptions, prompt_tokens, generation_tokens, spec_drafts, spec_draft_tokens,
+              spec_accepted_tokens, spec_accepted_pos<i> (accepted tokens per draft position)
+
+Counters are cumulative over the server's life: a level's figure is the difference of the
+readings at its start and end, never one reading. Gauges move within a level, so they are
+sampled while it runs (``Sampler``): the running batch it reached is what per-batch-size
+speculation settings key on. Values are summed over label sets (several engines of one
+server), except the draft position.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import re
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+GAUGES: dict[str, tuple[str, ...]] = {
+    "running": ("vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing"),
+    "waiting": ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred"),
+    "kv_cache": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage",
+                 "llamacpp:kv_cache_usage_ratio"),
+}
+COUNTERS: dict[str, tuple[str, ...]] = {
+    "preemptions": ("vllm:num_preemptions_total", "sglang:num_retracted_reqs_total"),
+    "prompt_tokens": ("vllm:prompt_tokens_total", "sglang:prompt_tokens_total", "llamacpp:prompt_tokens_total"),
+    "generation_tokens": ("vllm:generation_tokens_total", "sglang:generation_tokens_total",
+                          "llamacpp:tokens_predicted_total"),
+    "spec_drafts": ("vllm:spec_decode_num_drafts_total", "llamacpp:spec_decode_num_drafts_total"),
+    "spec_draft_tokens": ("vllm:spec_decode_num_draft_tokens_total", "llamacpp:spec_decode_num_draft_tokens_total"),
+    "spec_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens_total",
+                             "llamacpp:spec_decode_num_accepted_tokens_total"),
+}
+PER_POSITION = ("vllm:spec_decode_num_accepted_tokens_per_pos_total",
+                "llamacpp:spec_decode_num_accepted_tokens_per_pos_total")
+
+_NAMES = {name: key for key, names in (GAUGES | COUNTERS).items() for name in names}
+_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+_POSITION = re.compile(r'position="(\d+)"')
+
+
+def snapshot(text: str) -> dict[str, float]:
+    """A Prometheus text page in specsweep's vocabulary (see the module's docstring); names the page
+    does not have are absent."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        m = _LINE.match(line)
+        if m is None:
+            continue
+        name, labels, raw = m.groups()
+        if name in PER_POSITION:
+            pos = _POSITION.search(labels or "")
+            key = f"spec_accepted_pos{pos.group(1)}" if pos else None
+        else:
+            key = _NAMES.get(name)
+        if key is None:
+            continue
+        try:
+            value = float(raw)
+        except ValueError:
+            continue
+        if math.isfinite(value):
+            out[key] = out.get(key, 0.0) + value
+    return out
+
+
+def is_counter(key: str) -> bool:
+    return key in COUNTERS or key.startswith("spec_accepted_pos")
+
+
+def differences(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Each counter's growth over a level (a counter that went down means the server restarted: left out)."""
+    return {k: after[k] - before.get(k, 0.0) for k in after
+            if is_counter(k) and after[k] >= before.get(k, 0.0)}
+
+
+@dataclass
+class Samples:
+    """Gauge readings taken while a level ran: (wall-clock time, snapshot)."""
+
+    readings: list[tuple[float, dict[str, float]]] = field(default_factory=list)
+
+    def within(self, start: float, end: float) -> list[dict[str, float]]:
+        return [s for t, s in self.readings if start <= t <= end]
+
+
+def level_figures(before: dict[str, float], after: dict[str, float],
+                  during: list[dict[str, float]]) -> dict[str, Any]:
+    """A level's engine figures as stored in its row: counters as differences, gauges as mean and
+    maximum over the readings taken while it ran (none when no reading fell inside it: the end reading
+    would show the engine idle)."""
+    diff = differences(before, after)
+    out: dict[str, Any] = {
+        "engine_preemptions": diff.get("preemptions"),
+        "engine_prompt_tokens": diff.get("prompt_tokens"),
+        "engine_generation_tokens": diff.get("generation_tokens"),
+        "spec_drafts": diff.get("spec_drafts"),
+        "spec_draft_tokens": diff.get("spec_draft_tokens"),
+        "spec_accepted_tokens": diff.get("spec_accepted_tokens"),
+    }
+    for gauge in GAUGES:
+        values = [r[gauge] for r in during if gauge in r]
+        out[f"engine_{gauge}_mean"] = statistics.fmean(values) if values else None
+        out[f"engine_{gauge}_max"] = max(values) if values else None
+    drafts = diff.get("spec_drafts") or 0.0
+    positions = sorted((int(k.removeprefix("spec_accepted_pos")), v) for k, v in diff.items()
+                       if k.startswith("spec_accepted_pos"))
+    # Of the drafts, the share whose i-th drafted token was accepted.
+    out["spec_acceptance_per_position"] = [round(v / drafts, 4) for _, v in positions] if drafts > 0 else None
+    out["engine_metrics"] = "/metrics" if after else None
+    return out
+
+
+class Sampler:
+    """Reads ``/metrics`` every ``interval_s`` while a level runs (``async with``). ``read`` returns the
+    page or None (no answer, no metrics: then nothing is kept and reading stops after three misses)."""
+
+    def __init__(self, read: Callable[[], Awaitable[str | None]], interval_s: float = 1.0) -> None:
+        self.read, self.interval_s = read, interval_s
+        self.samples = Samples()
+        self._task: asyncio.Task[None] | None = None
+
+    async def _loop(self) -> None:
+        misses = 0
+        while misses < 3:
+            text = await self.read()
+            if text:
+                misses = 0
+                values = {k: v for k, v in snapshot(text).items() if k in GAUGES}
+                if values:
+                    self.samples.readings.append((time.time(), values))
+            else:
+                misses += 1
+            await asyncio.sleep(self.interval_s)
+
+    async def __aenter__(self) -> Sampler:
+        self._task = asyncio.create_task(self._loop())
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
