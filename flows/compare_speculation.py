@@ -3,6 +3,7 @@ the other (never both at once on the same GPUs), then where speculation stops pa
 
     compare-speculation      any two server profiles
     compare-sglang-eagle3    SGLang baseline vs EAGLE-3 from a few fields (simulate: rehearse)
+    compare-vllm             vLLM baseline vs its speculation (EAGLE-3, draft model, n-gram) from a few fields
     compare-local-llamacpp   llama.cpp on this machine's CPU (the main job)
 
 Retrying a failed flow run keeps whatever finished (a finished baseline, finished levels).
@@ -18,7 +19,7 @@ from specsweep.bench.config import SweepConfig, WorkloadConfig
 from specsweep.decision import DecisionConfig
 from specsweep.hosts import HostConfig
 from specsweep.profiles import ProfileParams, ServerProfile
-from specsweep.settings import BenchmarkSettings, LlamaCppSettings, SGLangSettings
+from specsweep.settings import BenchmarkSettings, LlamaCppSettings, SGLangSettings, VLLMSettings
 
 #: The main job's defaults: tiny models on two CPU cores.
 LOCAL_BENCHMARK = BenchmarkSettings(
@@ -50,6 +51,20 @@ async def compare_sglang_eagle3(sglang: SGLangSettings = SGLangSettings(), host:
     """SGLang baseline vs EAGLE-3 from a few fields (model paths, TP, port); simulate=true rehearses it."""
     return await compare_configurations_on(sglang.profile("baseline"), sglang.profile("eagle3"),
                                            host, benchmark, decision)
+
+
+def _vllm_servers(params: dict[str, Any]) -> list[ServerProfile]:
+    s = VLLMSettings.model_validate(params["vllm"])
+    return [s.profile("baseline"), s.profile("speculative")]
+
+
+@benchmark_flow("compare-vllm", servers=_vllm_servers)
+async def compare_vllm(vllm: VLLMSettings, host: HostConfig = HostConfig(),
+                       benchmark: BenchmarkSettings = BenchmarkSettings(),
+                       decision: DecisionConfig = DecisionConfig()) -> ComparisonResult:
+    """vLLM baseline vs its speculation (method, draft model, K) from a few fields."""
+    return await compare_configurations_on(vllm.profile("baseline"), vllm.profile("speculative"), host, benchmark,
+                                           decision)
 
 
 def _local_servers(params: dict[str, Any]) -> list[ServerProfile]:

@@ -180,16 +180,18 @@ def server(
 
 @app.command("preset")
 def preset(
-    name: Annotated[str, typer.Argument(help="sglang-baseline, sglang-eagle3, llamacpp-baseline or llamacpp-speculative.")],
-    model_path: Annotated[Optional[str], typer.Option(help="Target model path (SGLang presets).")] = None,
+    name: Annotated[str, typer.Argument(help="sglang-baseline, sglang-eagle3, sim-baseline, sim-eagle3, llamacpp-baseline, "
+                                        "llamacpp-speculative, vllm-baseline, vllm-eagle3, vllm-draft or vllm-ngram.")],
+    model_path: Annotated[Optional[str], typer.Option(help="Target model path (SGLang and vLLM presets).")] = None,
     draft_model_path: Annotated[Optional[str], typer.Option(help="Draft model path (speculative presets).")] = None,
+    python: Annotated[Optional[str], typer.Option(help="Interpreter that runs vLLM or SGLang on the host.")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Write the profile here instead of printing it.")] = None,
 ) -> None:
     """Print (or write) a ready-made server profile as JSON, to edit or to pass to --profile."""
     from specsweep import presets
 
     try:
-        prof = presets.by_name(name, model_path=model_path, draft_model_path=draft_model_path)
+        prof = presets.by_name(name, model_path=model_path, draft_model_path=draft_model_path, python=python)
     except SpecsweepError as exc:
         _fail(exc)
     text = json.dumps(prof.model_dump(mode="json", exclude_none=True), indent=2)

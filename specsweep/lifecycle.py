@@ -144,7 +144,10 @@ def find_server_processes(host: Host, profile: ServerProfile, handle: ServerHand
         carriers = set(host.pids_with_env(START_ENV, token))
         for pid in sorted(carriers):
             take(pid, f"started by this run (start {token[:8]})")
-        if handle is not None and handle.pid in carriers:
+        # The server's process group: its members may not carry the token (vLLM's engine core retitles
+        # itself, which overwrites its environment). The group is this start's while its leader carries the
+        # token, or once the leader is gone: the kernel hands a group's id to no one else while it has members.
+        if handle is not None and (handle.pid in carriers or handle.pid not in procs):
             for p in procs.values():
                 if p.pgid == handle.pgid:
                     take(p.pid, f"in the server's process group {handle.pgid}")

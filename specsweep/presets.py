@@ -1,6 +1,7 @@
 """Ready-made server profiles for the engines specsweep knows.
 
 SGLang: baseline and EAGLE-3 (``--speculative-algorithm EAGLE3`` with a draft model).
+vLLM: baseline, EAGLE-3, draft model and n-gram speculation (``specsweep.vllm.presets``).
 llama.cpp: baseline and draft speculation, runnable on this machine's CPU (see
 ``specsweep.llamacpp``).
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from specsweep.errors import ConfigError
 from specsweep.profiles import ServerProfile, make_profile
@@ -33,7 +35,8 @@ def sglang_baseline(
     sim_profile: str = "kimi-k2.5-int4-8x-rtx-pro-6000",
     sim_startup_s: float = 3.0,
 ) -> ServerProfile:
-    """SGLang without speculation. ``simulate`` runs specsweep's SGLang simulator with the same flags."""
+    """SGLang without speculation. ``simulate`` runs specsweep's SGLang simulator with the same flags.
+    ``--enable-metrics``: the running batch, queue and KV-cache use are read from /metrics per level."""
     if not model_path:
         raise ConfigError("model_path is required for the SGLang presets: give the target model's path or hub id")
     if tp < 1:
@@ -41,7 +44,7 @@ def sglang_baseline(
     module = (["specsweep.sim", "--sim-profile", sim_profile, "--startup-s", f"{sim_startup_s:g}"] if simulate
               else ["sglang.launch_server"])
     argv = [python if not simulate or python != "python" else sys.executable, "-m", *module, "--model-path", model_path,
-            "--host", "{host}", "--port", "{port}", "--tp", str(tp), *extra_args]
+            "--host", "{host}", "--port", "{port}", "--tp", str(tp), "--enable-metrics", *extra_args]
     return make_profile(
         {
             "name": name,
@@ -103,14 +106,19 @@ def sglang_eagle3(
                            sim_startup_s=sim_startup_s)
 
 
-def by_name(name: str, *, model_path: str | None = None, draft_model_path: str | None = None) -> ServerProfile:
-    """A preset by its CLI name."""
+PRESET_NAMES = ("sglang-baseline", "sglang-eagle3", "sim-baseline", "sim-eagle3", "llamacpp-baseline",
+                "llamacpp-speculative", "vllm-baseline", "vllm-eagle3", "vllm-draft", "vllm-ngram")
+
+
+def by_name(name: str, *, model_path: str | None = None, draft_model_path: str | None = None,
+            python: str | None = None) -> ServerProfile:
+    """A preset by its CLI name. ``python``: the interpreter that runs vLLM or SGLang on the host."""
     from specsweep import llamacpp
 
     if name == "sglang-baseline":
-        return sglang_baseline(model_path or "")
+        return sglang_baseline(model_path or "", python=python or "python")
     if name == "sglang-eagle3":
-        return sglang_eagle3(model_path or "", draft_model_path or "")
+        return sglang_eagle3(model_path or "", draft_model_path or "", python=python or "python")
     if name == "sim-baseline":
         return sglang_baseline(model_path or "moonshotai/Kimi-K2.5", simulate=True, name="sim-baseline")
     if name == "sim-eagle3":
@@ -120,8 +128,22 @@ def by_name(name: str, *, model_path: str | None = None, draft_model_path: str |
         return llamacpp.baseline_profile(model_path=model_path)
     if name == "llamacpp-speculative":
         return llamacpp.speculative_profile(model_path=model_path, draft_model_path=draft_model_path)
-    raise ConfigError(
-        f"unknown preset {name!r}: choose sglang-baseline, sglang-eagle3, sim-baseline, sim-eagle3, "
-        "llamacpp-baseline or llamacpp-speculative"
-    )
+    if name.startswith("vllm-"):
+        return _vllm_by_name(name, model_path, draft_model_path, python)
+    raise ConfigError(f"unknown preset {name!r}: choose one of {', '.join(PRESET_NAMES)}")
+
+
+def _vllm_by_name(name: str, model: str | None, draft: str | None, python: str | None) -> ServerProfile:
+    from specsweep.vllm import presets as vllm
+
+    kw: dict[str, Any] = {"python": python or "python"}
+    if name == "vllm-baseline":
+        return vllm.vllm_baseline(model or "", **kw)
+    if name == "vllm-eagle3":
+        return vllm.vllm_eagle3(model or "", draft or "", **kw)
+    if name == "vllm-draft":
+        return vllm.vllm_draft(model or "", draft or "", **kw)
+    if name == "vllm-ngram":
+        return vllm.vllm_ngram(model or "", **kw)
+    raise ConfigError(f"unknown preset {name!r}: choose one of {', '.join(PRESET_NAMES)}")
 

@@ -64,7 +64,7 @@ def _common(model: str, parallel: int, ctx: int, threads: int) -> list[str]:
     if parallel < 1 or threads < 1 or ctx < 256:
         raise ConfigError("parallel and threads must be at least 1 and ctx at least 256")
     return [*server_command(), "-m", model, "--host", "{host}", "--port", "{port}",
-            "-np", str(parallel), "-c", str(ctx), "-t", str(threads)]
+            "-np", str(parallel), "-c", str(ctx), "-t", str(threads), "--metrics"]
 
 
 def baseline_profile(
@@ -78,13 +78,17 @@ def baseline_profile(
 
 def speculative_profile(
     *, model_path: str | None = None, draft_model_path: str | None = None, parallel: int = 8, ctx: int = 8192,
-    threads: int = 2, draft_max: int = 4, port: int = DEFAULT_PORT, name: str = "llamacpp-speculative",
-    layers: int | None = None,
+    threads: int = 2, draft_max: int = 4, draft_min: int = 0, draft_p_min: float | None = None,
+    port: int = DEFAULT_PORT, name: str = "llamacpp-speculative", layers: int | None = None,
 ) -> ServerProfile:
     model, draft = _models(model_path, draft_model_path, need_draft=True, layers=layers)
     assert draft is not None
-    if draft_max < 1:
-        raise ConfigError(f"draft_max must be at least 1 (got {draft_max})")
+    if draft_max < 1 or not 0 <= draft_min <= draft_max:
+        raise ConfigError(f"draft_max must be at least 1 and draft_min from 0 to draft_max (got {draft_max}, {draft_min})")
     argv = [*_common(model, parallel, ctx, threads), "-md", draft, "--spec-type", "draft-simple",
             "--spec-draft-n-max", str(draft_max)]
+    if draft_min:
+        argv += ["--spec-draft-n-min", str(draft_min)]
+    if draft_p_min is not None:
+        argv += ["--spec-draft-p-min", f"{draft_p_min:g}"]
     return _profile(name, argv, port)
