@@ -10,10 +10,13 @@ import httpx
 import pytest
 from prefect import flow
 
+from specsweep.bench.config import SweepConfig, WorkloadConfig
 from specsweep.hosts import LocalHost
 from specsweep.llamacpp import baseline_profile, speculative_profile
 from specsweep.llamacpp.models import ModelSpec, make_models
 from specsweep.profiles import ServerProfile
+from specsweep.records import Level, LevelRow
+from specsweep.sweep import BenchTarget, SweepJob, measure_level
 from tasks.server import kill_server, start_server, wait_for_health
 from tests.conftest import pids_with_marker
 from tests.helpers.sshd import free_port
@@ -55,32 +58,44 @@ async def stream_completion(port: int, prompt: str, max_tokens: int) -> tuple[st
 
 @pytest.mark.usefixtures("prefect_harness")
 @pytest.mark.parametrize("preset", ["baseline", "speculative"])
-async def test_preset_serves_exact_token_counts(preset: str) -> None:
+async def test_preset_serves_exact_token_counts(preset: str, tmp_path: Path) -> None:
     port = free_port()
     profile: ServerProfile = (baseline_profile if preset == "baseline" else speculative_profile)(port=port, parallel=2, ctx=2048)
     host = LocalHost()
 
     @flow(name=f"llamacpp-{preset}")
-    async def drive() -> tuple[str, int, int, dict, list[str]]:  # type: ignore[type-arg]
+    async def drive() -> tuple[str, int, int, dict, list[str], LevelRow]:  # type: ignore[type-arg]
         await kill_server(host, profile)
         handle = await start_server(host, profile)
         try:
             await wait_for_health(host, profile, handle, f"http://127.0.0.1:{port}")
             result = await stream_completion(port, "the water was cold and the river", 48)
+            job = SweepJob(run_id="l", config_name=profile.name, results=str(tmp_path),
+                           workload=WorkloadConfig(output_len=48), sweep=SweepConfig(num_requests=8, warmup_requests=1))
+            row = await measure_level(BenchTarget(base_url=f"http://127.0.0.1:{port}", engine="llamacpp"), job,
+                                      Level(index=0, mode="concurrency", value=2))
         finally:
             report = await kill_server(host, profile, handle)
-        return (*result, [k.signal for k in report.killed])
+        return (*result, [k.signal for k in report.killed], row)
 
-    text, chunks, usage, timings, signals = await drive()
+    text, chunks, usage, timings, signals, row = await drive()
     assert usage == 48 and chunks == 48  # one SSE event per token, even with speculation
     assert text.strip()
     text.encode("utf-8")
     assert signals == ["SIGTERM"]  # the launcher exits on SIGTERM, no SIGKILL needed
     assert pids_with_marker(port) == []
+    # The engine's own /metrics (the presets turn it on) around the level: its tokens are the level's,
+    # its running batch was sampled while the level ran.
+    assert row.engine_metrics == "/metrics" and row.engine_generation_tokens == row.output_tokens_total == 8 * 48
+    assert row.engine_running_max is not None and 1 <= row.engine_running_max <= 2
     if preset == "speculative":
         assert timings["draft_n"] > 0 and 0.3 < timings["draft_n_accepted"] / timings["draft_n"] <= 1.0
+        assert row.spec_drafts and row.spec_drafts > 0 and row.spec_acceptance_rate and 0.3 < row.spec_acceptance_rate <= 1
+        per_pos = row.spec_acceptance_per_position
+        assert per_pos is not None and len(per_pos) == 4 and per_pos == sorted(per_pos, reverse=True)
     else:
         assert timings.get("draft_n", 0) == 0
+        assert not row.spec_drafts and row.spec_acceptance_per_position is None
 
 
 def test_draft_model_alone_does_not_speculate() -> None:
