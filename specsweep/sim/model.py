@@ -7,6 +7,12 @@ speculation a step emits one token per request. With speculation (EAGLE-style) a
 step costs more and emits 1..(steps+1) tokens per request: the first token always, then
 each draft token while the previous ones were accepted, with a per-token acceptance
 probability solved so that the mean matches the profile's accept length.
+
+A profile's speculative figures hold at ``CALIBRATION_STEPS`` draft steps. Other step counts
+(``--speculative-num-steps``, or SGLang's per-batch candidate steps) cost in proportion: each
+draft step adds an equal share of the verify step's extra time and work over a plain decode
+step, and the per-token acceptance probability stays the same, so longer drafts emit more
+tokens per step at a higher price. Zero steps is a plain decode step.
 """
 
 from __future__ import annotations
@@ -60,6 +66,25 @@ PROFILES: dict[str, SimProfile] = {
 }
 
 
+#: The draft steps a profile's spec_step_s, spec_rate and accept_length were measured with.
+CALIBRATION_STEPS = 3
+
+
+def spec_step_params(profile: SimProfile, steps: int) -> tuple[float, float]:
+    """(t1, R) of a verify step that drafts ``steps`` tokens (0: a plain decode step)."""
+    if steps <= 0:
+        return profile.base_step_s, profile.base_rate
+    share = steps / CALIBRATION_STEPS
+    t1 = profile.base_step_s + (profile.spec_step_s - profile.base_step_s) * share
+    work = 1 / profile.base_rate + (1 / profile.spec_rate - 1 / profile.base_rate) * share  # 1/inf is 0.0
+    return t1, (1 / work if work > 0 else math.inf)
+
+
+def mean_accept_length(p: float, steps: int) -> float:
+    """Tokens one verify step emits per request on average: 1 + p + ... + p^steps."""
+    return sum(p**i for i in range(max(0, steps) + 1))
+
+
 def step_time(b: int, t1: float, rate: float) -> float:
     if b <= 0:
         return 0.0
@@ -91,8 +116,9 @@ def sample_accepted(rng: random.Random, p: float, max_draft: int) -> int:
     return n
 
 
-def expected_throughput(profile: SimProfile, b: int, speculative: bool) -> float:
-    """Steady-state output tokens/s at batch b (for calibration checks)."""
-    if speculative:
-        return b * profile.accept_length / step_time(b, profile.spec_step_s, profile.spec_rate)
-    return b / step_time(b, profile.base_step_s, profile.base_rate)
+def expected_throughput(profile: SimProfile, b: int, speculative: bool, steps: int = CALIBRATION_STEPS) -> float:
+    """Steady-state output tokens/s at batch b (for calibration checks, and the adaptive choice)."""
+    if not speculative or steps <= 0:
+        return b / step_time(b, profile.base_step_s, profile.base_rate)
+    p = acceptance_probability(profile.accept_length, CALIBRATION_STEPS)
+    return b * mean_accept_length(p, steps) / step_time(b, *spec_step_params(profile, steps))

@@ -6,6 +6,12 @@ with only the program changed) plus its own: ``--sim-profile``, ``--startup-s``,
 "loading weights", /health answers 503 while "warming up", then 200 with an empty body.
 ``GET /sim/token_times?id=ID`` returns the monotonic time each token of a request was
 written to the socket, so a client's timing error can be measured against the truth.
+
+As SGLang 0.5.23 does: per-request speculation figures (``sglext.spec_tokens_details`` on the
+OpenAI endpoints when asked with ``return_spec_tokens_details``, ``meta_info.spec_verify_ct``
+and ``spec_accept_length`` on ``/generate``); ``--speculative-adaptive`` with
+``--speculative-adaptive-config FILE`` (per-batch candidate steps, 0 = no speculation for that
+batch tier); ``/metrics`` in Prometheus text with ``--enable-metrics``.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import json
 import logging
 import os
 import random
@@ -26,7 +33,16 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from specsweep.sim.model import PROFILES, SimProfile, acceptance_probability, sample_accepted, step_time
+from specsweep.sim.model import (
+    CALIBRATION_STEPS,
+    PROFILES,
+    SimProfile,
+    acceptance_probability,
+    expected_throughput,
+    sample_accepted,
+    spec_step_params,
+    step_time,
+)
 
 log = logging.getLogger("specsweep.sim")
 _perf = time.perf_counter
@@ -70,27 +86,75 @@ class SimRequest:
     rid: str
     max_tokens: int
     queue: asyncio.Queue[int] = field(default_factory=asyncio.Queue)
+    queue_drafted: asyncio.Queue[int] = field(default_factory=asyncio.Queue)  # draft tokens proposed per step
     emitted: int = 0
     verify_ct: int = 0
     cancelled: bool = False
 
 
+#: SGLang's built-in adaptive tiers (batch size -> candidate steps), used without a config file.
+DEFAULT_ADAPTIVE = {1: [1, 3, 5, 7], 8: [0, 1, 3], 32: [0, 1], 64: [0]}
+
+
+def read_adaptive_config(text: str) -> dict[int, list[int]]:
+    """``--speculative-adaptive-config``: batch sizes (as strings) to ``{"candidate_steps": [...]}``.
+    Refused as SGLang refuses it: no integer key, or a candidate list that is not a list of integers >= 0."""
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError("the adaptive config must be a JSON object keyed by batch size")
+    tiers: dict[int, list[int]] = {}
+    for key, entry in data.items():
+        try:
+            batch = int(key)
+        except ValueError:
+            continue
+        steps = entry.get("candidate_steps") if isinstance(entry, dict) else entry
+        if not isinstance(steps, list) or not steps or not all(isinstance(x, int) and x >= 0 for x in steps):
+            raise ValueError(f"batch size {key}: candidate_steps must be a non-empty list of integers >= 0 "
+                             f"(got {steps!r})")
+        tiers[batch] = steps
+    if not tiers:
+        raise ValueError("the adaptive config has no integer batch-size key")
+    return tiers
+
+
 class Engine:
     """Continuous batching: one loop steps all running requests together."""
 
-    def __init__(self, profile: SimProfile, speculative: bool, max_draft: int, max_running: int, rng: random.Random) -> None:
+    def __init__(self, profile: SimProfile, speculative: bool, max_draft: int, max_running: int, rng: random.Random,
+                 tiers: dict[int, list[int]] | None = None) -> None:
         self.profile = profile
         self.speculative = speculative
         self.max_draft = max_draft
         self.max_running = max_running
         self.rng = rng
-        self.p = acceptance_probability(profile.accept_length, max_draft) if speculative else 0.0
+        self.p = acceptance_probability(profile.accept_length, CALIBRATION_STEPS) if speculative else 0.0
+        self.tiers = sorted(tiers.items()) if tiers else None
+        self._steps_by_batch: dict[int, int] = {}
         self.running: list[SimRequest] = []
         self.waiting: collections.deque[SimRequest] = collections.deque()
         self.wake = asyncio.Event()
         self.hung = False
         self.total_tokens = 0
         self.total_verify = 0
+        self.total_drafted = 0
+        self.total_accepted = 0
+
+    def steps_for(self, b: int) -> int:
+        """Draft steps for a batch of ``b``: the fixed --speculative-num-steps, or with adaptive tiers the
+        candidate of the tier with the largest key <= b (the smallest tier below it) that the model says
+        gives the most tokens per second at this batch, as SGLang's adaptive controller aims to."""
+        if not self.speculative:
+            return 0
+        if not self.tiers:
+            return self.max_draft
+        if b not in self._steps_by_batch:
+            candidates = self.tiers[0][1]
+            for key, steps in self.tiers:
+                if key <= b:
+                    candidates = steps
+            self._steps_by_batch[b] = max(candidates, key=lambda s: expected_throughput(self.profile, b, True, s))
+        return self._steps_by_batch[b]
 
     @property
     def avg_accept_length(self) -> float:
@@ -112,10 +176,8 @@ class Engine:
                 next_t = _perf()
                 continue
             b = len(self.running)
-            if self.speculative:
-                dt = step_time(b, self.profile.spec_step_s, self.profile.spec_rate)
-            else:
-                dt = step_time(b, self.profile.base_step_s, self.profile.base_rate)
+            steps = self.steps_for(b)
+            dt = step_time(b, *spec_step_params(self.profile, steps))
             next_t = max(next_t + dt, _perf() - 0.05)  # keep the schedule; do not bank lost time
             delay = next_t - _perf()
             await asyncio.sleep(delay if delay > 0 else 0)
@@ -123,12 +185,15 @@ class Engine:
                 continue
             done = []
             for r in self.running:
-                k = sample_accepted(self.rng, self.p, self.max_draft) if self.speculative else 1
+                k = sample_accepted(self.rng, self.p, steps) if steps else 1
                 k = min(k, r.max_tokens - r.emitted)
                 r.emitted += k
                 r.verify_ct += 1
                 self.total_tokens += k
                 self.total_verify += 1
+                self.total_drafted += steps
+                self.total_accepted += k - 1
+                r.queue_drafted.put_nowait(steps)
                 r.queue.put_nowait(k)
                 if r.emitted >= r.max_tokens:
                     done.append(r)
@@ -145,7 +210,8 @@ class SimServer:
         self.max_draft = args.speculative_num_steps if self.speculative else 0
         self.rng = random.Random(args.seed)
         max_running = args.max_running_requests or self.profile.max_running_requests
-        self.engine = Engine(self.profile, self.speculative, self.max_draft, max_running, self.rng)
+        self.engine = Engine(self.profile, self.speculative, self.max_draft, max_running, self.rng, args.adaptive_tiers)
+        self.prompt_tokens_total = 0
         self.faults = Faults(
             crash_on_start=args.fault_crash_on_start, never_healthy=args.fault_never_healthy,
             die_after=args.fault_die_after, hang_after=args.fault_hang_after, error_rate=args.fault_error_rate,
@@ -202,8 +268,9 @@ class SimServer:
 
     # -- token production ---------------------------------------------------------------------
 
-    async def _tokens(self, n: int) -> AsyncIterator[int]:
-        """Yield k (tokens per chunk) until n tokens have been produced."""
+    async def _tokens(self, n: int) -> AsyncIterator[tuple[int, int]]:
+        """Yield (k, d) per engine step until n tokens have been produced: k tokens emitted, d draft tokens
+        proposed for it (0 without speculation)."""
         if self.profile.direct:
             interval = self.profile.token_interval_s
             t0 = _perf()
@@ -212,7 +279,7 @@ class SimServer:
                     delay = t0 + (i + 1) * interval - _perf()
                     if delay > 0:
                         await asyncio.sleep(delay)
-                yield 1
+                yield 1, 0
             return
         req = SimRequest(self._new_id(), n)
         self.engine.submit(req)
@@ -221,7 +288,7 @@ class SimServer:
             while got < n:
                 k = await req.queue.get()
                 got += k
-                yield k
+                yield k, req.queue_drafted.get_nowait()
         finally:
             req.cancelled = True
             self.engine.wake.set()
@@ -238,7 +305,8 @@ class SimServer:
                                   "is_generation": True})
 
     async def server_info(self, request: web.Request) -> web.Response:
-        args = {k: v for k, v in vars(self.args).items() if not k.startswith(("fault_", "sim_")) and k != "api_key"}
+        args = {k: v for k, v in vars(self.args).items()
+                if not k.startswith(("fault_", "sim_")) and k not in ("api_key", "adaptive_tiers")}
         return web.json_response({
             **args,
             "version": VERSION,
@@ -270,6 +338,26 @@ class SimServer:
         return web.json_response({"id": rid, "clock": "CLOCK_MONOTONIC (time.perf_counter)",
                                   "token_times_s": self._token_log[rid]})
 
+    async def metrics(self, request: web.Request) -> web.Response:
+        """SGLang's Prometheus page (``--enable-metrics``): its gauges of the running batch, the queue and
+        the KV cache (here: the share of running slots in use), and its cumulative token counters."""
+        if not self.args.enable_metrics:
+            return web.Response(status=404, text="metrics are off: start with --enable-metrics")
+        e, label = self.engine, f'{{model_name="{self.model_name()}"}}'
+        rows = [
+            ("sglang:num_running_reqs", "gauge", "The number of running requests.", len(e.running)),
+            ("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", len(e.waiting)),
+            ("sglang:token_usage", "gauge", "The token usage.", len(e.running) / e.max_running),
+            ("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.", self.prompt_tokens_total),
+            ("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.", e.total_tokens),
+        ]
+        if self.speculative:
+            rows.append(("sglang:spec_accept_length", "gauge", "The average acceptance length of speculative decoding.",
+                         e.avg_accept_length))
+        text = "".join(f"# HELP {name} {help_}\n# TYPE {name} {kind}\n{name}{label} {float(value)!r}\n"
+                       for name, kind, help_, value in rows)
+        return web.Response(text=text, content_type="text/plain", charset="utf-8")
+
     def _auth(self, request: web.Request) -> web.Response | None:
         if self.args.api_key and request.headers.get("Authorization") != f"Bearer {self.args.api_key}":
             return web.json_response({"error": "invalid API key"}, status=401)
@@ -289,6 +377,7 @@ class SimServer:
         prompt = (" ".join(m.get("content", "") for m in body.get("messages", []) if isinstance(m.get("content"), str))
                   if chat else str(body.get("prompt", "")))
         prompt_tokens = count_tokens(prompt)
+        self.prompt_tokens_total += prompt_tokens
         rid = self._new_id()
         created = int(time.time())
         model = body.get("model") or self.model_name()
@@ -296,7 +385,7 @@ class SimServer:
         obj = "chat.completion.chunk" if chat else "text_completion"
         if not body.get("stream"):
             produced, text, steps = 0, "", 0
-            async for k in self._tokens(max_tokens):
+            async for k, _ in self._tokens(max_tokens):
                 text += self._text(k, produced)
                 produced += k
                 steps += 1
@@ -327,11 +416,12 @@ class SimServer:
             self._finished_one()
             return resp
         want_spec = bool(body.get("return_spec_tokens_details")) and self.speculative
-        steps = 0
-        async for k in self._tokens(max_tokens):
+        steps = drafted = 0
+        async for k, d in self._tokens(max_tokens):
             text = self._text(k, produced)
             produced += k
             steps += 1
+            drafted += d
             finish = "length" if produced >= max_tokens else None
             choice = ({"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": finish}
                       if chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": finish})
@@ -340,7 +430,7 @@ class SimServer:
                 event["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": produced,
                                   "total_tokens": prompt_tokens + produced}
             if finish and want_spec:
-                event["sglext"] = {"spec_tokens_details": self._spec_details(produced, steps)}
+                event["sglext"] = {"spec_tokens_details": self._spec_details(produced, steps, drafted)}
             await out.write(b"data: " + orjson.dumps(event) + b"\n\n")
             now = _perf()
             times.extend([now] * k)
@@ -366,10 +456,10 @@ class SimServer:
         """The token after which a fault hits this request, or None (it hits a ``rate`` share of requests)."""
         return self.rng.randint(1, max(1, max_tokens - 1)) if rate and self.rng.random() < rate else None
 
-    def _spec_details(self, produced: int, steps: int) -> dict[str, Any]:
-        """SGLang's per-request speculation figures (``sglext.spec_tokens_details``): each verify
-        step proposes ``max_draft`` draft tokens and accepts all but the bonus token it emits."""
-        proposed = steps * self.engine.max_draft
+    def _spec_details(self, produced: int, steps: int, proposed: int) -> dict[str, Any]:
+        """SGLang's per-request speculation figures (``sglext.spec_tokens_details``): each verify step
+        proposes its draft tokens (the batch tier's steps under adaptive speculation, none at 0) and
+        accepts all it emits but the bonus token."""
         correct = max(0, produced - steps)
         return {"spec_verify_ct": steps, "spec_num_proposed_drafts": proposed, "spec_num_correct_drafts": correct,
                 "spec_accept_length": produced / steps if steps else 0.0,
@@ -407,6 +497,7 @@ class SimServer:
         if not sp.get("ignore_eos", False):
             max_tokens = min(max_tokens, self.rng.randint(8, 512))
         prompt_tokens = count_tokens(str(body.get("text", "")))
+        self.prompt_tokens_total += prompt_tokens
         rid = self._new_id()
         text, produced, steps = "", 0, 0
 
@@ -415,10 +506,11 @@ class SimServer:
                                  "cached_tokens": 0, "finish_reason": {"type": "length", "length": produced} if done else None}
             if self.speculative:
                 m["spec_verify_ct"] = steps
+                m["spec_accept_length"] = produced / steps if steps else 0.0
             return m
 
         if not body.get("stream"):
-            async for k in self._tokens(max_tokens):
+            async for k, _ in self._tokens(max_tokens):
                 text += self._text(k, produced)
                 produced += k
                 steps += 1
@@ -427,7 +519,7 @@ class SimServer:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         times = self._times(rid)
-        async for k in self._tokens(max_tokens):
+        async for k, _ in self._tokens(max_tokens):
             text += self._text(k, produced)
             produced += k
             steps += 1
@@ -451,6 +543,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     ap.add_argument("--speculative-eagle-topk", type=int, default=1)
     ap.add_argument("--speculative-num-draft-tokens", type=int, default=None)
     ap.add_argument("--max-running-requests", type=int, default=None)
+    ap.add_argument("--speculative-adaptive", action="store_true",
+                    help="choose the draft steps per batch size (EAGLE/EAGLE3 with --speculative-eagle-topk 1)")
+    ap.add_argument("--speculative-adaptive-config", default=None, metavar="FILE",
+                    help='JSON: {"1": {"candidate_steps": [3]}, "8": {"candidate_steps": [0]}} (0 = no speculation)')
+    ap.add_argument("--enable-metrics", action="store_true", help="serve Prometheus metrics at /metrics")
     ap.add_argument("--api-key", default=None)
     ap.add_argument("--sim-profile", default="kimi-k2.5-int4-8x-rtx-pro-6000", choices=sorted(PROFILES))
     ap.add_argument("--startup-s", type=float, default=3.0,
@@ -480,6 +577,18 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         None, args.speculative_num_steps + 1
     ):
         ap.error("with --speculative-eagle-topk 1, --speculative-num-draft-tokens must be --speculative-num-steps + 1")
+    args.adaptive_tiers = None
+    if args.speculative_adaptive:
+        if args.speculative_algorithm not in ("EAGLE", "EAGLE3") or args.speculative_eagle_topk != 1:
+            ap.error("--speculative-adaptive needs --speculative-algorithm EAGLE or EAGLE3 with --speculative-eagle-topk 1")
+        if args.speculative_adaptive_config:
+            try:
+                with open(args.speculative_adaptive_config, encoding="utf-8") as f:
+                    args.adaptive_tiers = read_adaptive_config(f.read())
+            except (OSError, ValueError) as exc:  # JSONDecodeError is a ValueError
+                ap.error(f"--speculative-adaptive-config {args.speculative_adaptive_config}: {exc}")
+        else:
+            args.adaptive_tiers = dict(DEFAULT_ADAPTIVE)
     return args, unknown
 
 
@@ -487,6 +596,9 @@ async def serve(args: argparse.Namespace, ignored: list[str]) -> None:
     sim = SimServer(args, ignored)
     log.info("specsweep sim %s: profile %s (%s), speculation %s, max running requests %d",
              VERSION, sim.profile.name, sim.profile.description, args.speculative_algorithm or "off", sim.engine.max_running)
+    if args.adaptive_tiers:
+        log.info("adaptive speculation: candidate steps by batch size %s",
+                 ", ".join(f"{b}+: {steps}" for b, steps in sorted(args.adaptive_tiers.items())))
     if ignored:
         log.info("ignored SGLang arguments (accepted, no effect in the simulator): %s", " ".join(ignored))
     log.info("Load weight begin. model %s, tp %d", args.model_path, args.tp_size)
@@ -510,6 +622,7 @@ async def serve(args: argparse.Namespace, ignored: list[str]) -> None:
     r.add_post("/generate", sim.generate)
     r.add_post("/tokenize", sim.tokenize)
     r.add_get("/sim/token_times", sim.token_times)
+    r.add_get("/metrics", sim.metrics)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port, backlog=4096, reuse_address=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -184,3 +185,81 @@ def test_speculative_flags_are_checked_like_sglang() -> None:
                      "--speculative-num-draft-tokens", "8", ready=False) as (_, proc):
         assert proc.wait(10) == 2
         assert "num-draft-tokens must be" in proc.stdout.read().decode()  # type: ignore[union-attr]
+
+
+def _spec_details(url: str, n: int, concurrency: int) -> list[dict]:  # type: ignore[type-arg]
+    """``sglext.spec_tokens_details`` of ``concurrency`` streams sent at once (each n tokens)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(_: int) -> dict:  # type: ignore[type-arg]
+        lines = stream_lines(url, "/v1/completions", {"prompt": "x", "max_tokens": n, "stream": True,
+                                                     "ignore_eos": True, "return_spec_tokens_details": True})
+        last = json.loads(lines[-2][6:])
+        assert last["choices"][0]["finish_reason"] == "length"
+        return last["sglext"]["spec_tokens_details"]  # type: ignore[no-any-return]
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        return list(pool.map(one, range(concurrency)))
+
+
+def test_adaptive_config_speculates_per_batch_tier(tmp_path: Path) -> None:
+    """A file as the grid recommends it: 3 steps for one stream, none from 4 running requests. One stream
+    drafts 3 tokens per verify step; eight at once draft nothing once they all run (their acceptance
+    length falls to 1 token per step)."""
+    cfg = tmp_path / "adaptive.json"
+    cfg.write_text(json.dumps({"1": {"candidate_steps": [3]}, "4": {"candidate_steps": [0]}}))
+    with running_sim("--sim-profile", "tiny-fast", "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
+                     "--speculative-adaptive", "--speculative-adaptive-config", str(cfg), "--enable-metrics") as (url, _):
+        (single,) = _spec_details(url, 200, 1)
+        assert single["spec_num_proposed_drafts"] == 3 * single["spec_verify_ct"]
+        assert single["spec_accept_length"] > 1.5
+        crowd = _spec_details(url, 200, 8)
+        # Steps taken while fewer than four ran (the streams arriving, the last ones finishing) still draft 3
+        # tokens; the rest draft none: far under the 3 drafts per step of one stream.
+        drafts = sum(d["spec_num_proposed_drafts"] for d in crowd) / sum(d["spec_verify_ct"] for d in crowd)
+        assert drafts < 0.5, crowd
+        assert sum(d["spec_accept_length"] for d in crowd) / 8 < 1.3, crowd
+        text = httpx.get(url + "/metrics").text
+        assert 'sglang:num_running_reqs{model_name="moonshotai/Kimi-K2.5"} 0.0' in text
+        assert "# TYPE sglang:generation_tokens_total counter" in text
+        generated = [ln for ln in text.splitlines() if ln.startswith("sglang:generation_tokens_total")]
+        assert generated and float(generated[0].split()[-1]) == 200 * 9
+
+
+def test_fixed_steps_cost_and_pay_in_proportion() -> None:
+    """More draft steps: more tokens per verify step for one stream, at a higher price per step."""
+    from specsweep.sim.model import PROFILES, expected_throughput
+
+    tiny = PROFILES["tiny-fast"]
+    one = [expected_throughput(tiny, 1, True, s) for s in (0, 1, 3, 5)]
+    assert one[0] == expected_throughput(tiny, 1, False)
+    assert one[1] < one[2] and one[0] < one[1]  # drafting pays for one stream, more so up to 3 steps
+    busy = [expected_throughput(tiny, 64, True, s) for s in (0, 1, 3, 5)]
+    assert busy == sorted(busy, reverse=True)  # under load every draft step costs more than it brings
+
+
+@pytest.mark.parametrize(("content", "words"), [
+    ('{"small": {"candidate_steps": [3]}}', "no integer batch-size key"),
+    ('{"1": {"candidate_steps": [3, -1]}}', "batch size 1: candidate_steps must be a non-empty list of integers >= 0"),
+    ('{"1": {"candidate_steps": 3}}', "candidate_steps must be a non-empty list"),
+    ("[1, 2]", "must be a JSON object"),
+])
+def test_a_bad_adaptive_config_is_refused_as_sglang_refuses_it(tmp_path: Path, content: str, words: str) -> None:
+    cfg = tmp_path / "adaptive.json"
+    cfg.write_text(content)
+    with running_sim("--speculative-algorithm", "EAGLE3", "--speculative-adaptive", "--speculative-adaptive-config",
+                     str(cfg), ready=False) as (_, proc):
+        assert proc.wait(10) == 2
+        assert words in proc.stdout.read().decode()  # type: ignore[union-attr]
+
+
+def test_adaptive_needs_eagle_with_topk_1() -> None:
+    with running_sim("--speculative-algorithm", "EAGLE3", "--speculative-eagle-topk", "4",
+                     "--speculative-num-draft-tokens", "8", "--speculative-adaptive", ready=False) as (_, proc):
+        assert proc.wait(10) == 2
+        assert "--speculative-adaptive needs" in proc.stdout.read().decode()  # type: ignore[union-attr]
+
+
+def test_metrics_only_when_enabled() -> None:
+    with running_sim("--sim-profile", "tiny-fast") as (url, _):
+        assert httpx.get(url + "/metrics").status_code == 404
