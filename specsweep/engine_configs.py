@@ -87,22 +87,40 @@ def speculation_from_command(command: str | None) -> SpeculationSettings | None:
 # -- vLLM ----------------------------------------------------------------------------------------
 
 
+def _off_starts(k: int, off_from: int | None) -> list[tuple[int, int]]:
+    """(first batch size, K) for "K below off_from, 0 from it on"."""
+    if off_from is None:
+        return [(1, k)]
+    if off_from <= 1:
+        return [(1, 0)]
+    return [(1, k), (off_from, 0)]
+
+
+def ranges_schedule(starts: list[tuple[int, int]]) -> list[list[int]]:
+    """``num_speculative_tokens_per_batch_size`` from (first batch size, K) pairs, the first at 1: each
+    range runs to just below the next one's start, the last to the largest batch."""
+    return [[start, starts[i + 1][0] - 1 if i + 1 < len(starts) else MAX_BATCH, k]
+            for i, (start, k) in enumerate(starts)]
+
+
 def vllm_schedule(k: int, off_from: int | None) -> list[list[int]]:
     """``num_speculative_tokens_per_batch_size``: K below ``off_from``, 0 from it on."""
-    if off_from is None:
-        return [[1, MAX_BATCH, k]]
-    if off_from <= 1:
-        return [[1, MAX_BATCH, 0]]
-    return [[1, off_from - 1, k], [off_from, MAX_BATCH, 0]]
+    return ranges_schedule(_off_starts(k, off_from))
 
 
 def vllm_speculative_config(spec: SpeculationSettings, off_from: int | None) -> dict[str, Any]:
     """The object for vLLM's ``--speculative-config``."""
+    return vllm_ranges_config(spec, _off_starts(spec.num_speculative_tokens, off_from), spec.num_speculative_tokens)
+
+
+def vllm_ranges_config(spec: SpeculationSettings, starts: list[tuple[int, int]], k_max: int) -> dict[str, Any]:
+    """``--speculative-config`` with a K per batch-size range. vLLM caps each range's K at
+    ``num_speculative_tokens``, so that is the largest K of the schedule (``k_max``)."""
     cfg: dict[str, Any] = {"method": spec.method}
     if spec.model:
         cfg["model"] = spec.model
-    cfg["num_speculative_tokens"] = spec.num_speculative_tokens
-    cfg["num_speculative_tokens_per_batch_size"] = vllm_schedule(spec.num_speculative_tokens, off_from)
+    cfg["num_speculative_tokens"] = k_max
+    cfg["num_speculative_tokens_per_batch_size"] = ranges_schedule(starts)
     check_vllm_speculative_config(cfg)
     return cfg
 
@@ -133,12 +151,12 @@ def check_vllm_speculative_config(cfg: dict[str, Any]) -> None:
 
 def sglang_adaptive_config(steps: int, off_from: int | None) -> dict[str, dict[str, list[int]]]:
     """The file for ``--speculative-adaptive-config``: ``steps`` below ``off_from``, 0 from it on."""
-    if off_from is not None and off_from <= 1:
-        cfg = {"1": {"candidate_steps": [0]}}
-    elif off_from is None:
-        cfg = {"1": {"candidate_steps": [steps]}}
-    else:
-        cfg = {"1": {"candidate_steps": [steps]}, str(off_from): {"candidate_steps": [0]}}
+    return sglang_ranges_config(_off_starts(steps, off_from))
+
+
+def sglang_ranges_config(starts: list[tuple[int, int]]) -> dict[str, dict[str, list[int]]]:
+    """The adaptive file from (first batch size, steps) pairs: one batch tier each."""
+    cfg = {str(start): {"candidate_steps": [steps]} for start, steps in starts}
     check_sglang_adaptive_config(cfg)
     return cfg
 

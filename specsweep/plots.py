@@ -5,6 +5,8 @@
     latency.png     TTFT and TPOT, p50 and p99, of both
     pareto.png      tok/s per user (1000 / TPOT p50) against total output tok/s, one point per level
 
+and of a speculative-parameter grid (``tuning_plot``): each setting's speedup, the best per level.
+
 Concurrency is on a log-2 axis labelled at the measured levels.
 """
 
@@ -23,6 +25,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator  # noqa: E402
 
 from specsweep.compare import Comparison  # noqa: E402
+from specsweep.tuning import Tuning  # noqa: E402
 
 DPI = 90
 BASE, SPEC = "tab:blue", "tab:orange"
@@ -127,6 +130,35 @@ def comparison_plots(comp: Comparison) -> dict[str, bytes]:
     ax.legend()
     out["pareto"] = _png(fig)
     return out
+
+
+def tuning_plot(tuning: Tuning) -> bytes:
+    """Each grid point's speedup over the baseline against concurrency; the best point per level ringed."""
+    lv = tuning.levels
+    c = [r.concurrency for r in lv]
+    fig, ax = plt.subplots(figsize=(6.8, 4.0))
+    ax.axhspan(1 - tuning.margin, 1 + tuning.margin, color="grey", alpha=0.15, label=f"±{tuning.margin:.0%}: equivalent")
+    ax.axhline(1.0, color="grey", lw=1)
+    colours = plt.get_cmap("viridis")
+    n = max(1, len(tuning.points) - 1)
+    for i, point in enumerate(tuning.points):
+        ratios = [r.points[point.label].ratio for r in lv]
+        lows = [r.points[point.label].ratio_low for r in lv]
+        highs = [r.points[point.label].ratio_high for r in lv]
+        yerr = [[x - lo if lo is not None else 0.0 for x, lo in zip(ratios, lows, strict=True)],
+                [hi - x if hi is not None else 0.0 for x, hi in zip(ratios, highs, strict=True)]]
+        ax.errorbar(c, ratios, yerr=yerr, fmt="o-", color=colours(0.85 * i / n), capsize=3, label=point.label)
+    off = tuning.recommendation.speculation_off_from
+    on = [r for r in lv if off is None or r.concurrency < off]  # from the threshold on, the baseline is best
+    ax.scatter([r.concurrency for r in on], [r.ratio for r in on], s=160, facecolors="none", edgecolors="black",
+               linewidths=1.2, zorder=4, label="best per level" + ("" if tuning.recommendation.status == "decided"
+                                                                   else " (undetermined)"))
+    if off is not None:
+        ax.axvline(off, color="tab:red", ls="--", label=f"off from {off}")
+    _concurrency_axis(ax, c)
+    ax.set(ylabel="setting / baseline (output tok/s)", title="Speedup of each speculative setting (with its interval)")
+    ax.legend(fontsize=8)
+    return _png(fig)
 
 
 def data_uri(png: bytes) -> str:

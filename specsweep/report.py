@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +13,7 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from specsweep.compare import Comparison
+    from specsweep.tuning import Tuning
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
@@ -117,4 +119,34 @@ def print_comparison(comp: Comparison, console: Console | None = None) -> None:
                   f"{pol.get('always_on', 0):,.1f}"
                   + (f", as recommended {pol['as_recommended']:,.1f}" if "as_recommended" in pol else ""))
     for note in comp.notes:
+        console.print(f"note: {note}")
+
+
+def print_tuning(tuning: Tuning, console: Console | None = None) -> None:
+    """A grid's answer on a terminal: each setting's ratio per level, the best, the setting per range."""
+    from rich.table import Table
+
+    from specsweep.engine_configs import MAX_BATCH, vllm_flags
+
+    labels = [p.label for p in tuning.points]
+    table = Table(title=f"speculation grid: {', '.join(labels)} vs {tuning.baseline}")
+    for col in ("concurrency", "baseline tok/s", *labels, "best"):
+        table.add_column(col, justify="left" if col == "best" else "right")
+    for lv in tuning.levels:
+        cells = [f"{'[bold]' if k == lv.best else ''}x{p.ratio:.2f} {p.verdict}{'[/bold]' if k == lv.best else ''}"
+                 for k, p in ((label, lv.points[label]) for label in labels)]
+        table.add_row(str(lv.concurrency), f"{lv.baseline_tokens_per_s:,.1f}", *cells, lv.best)
+    console = console or _console()
+    console.print(table)
+    rec = tuning.recommendation
+    console.print(f"[bold]{'Decided' if rec.status == 'decided' else 'Undetermined'}: {rec.reason}[/bold]")
+    for r in tuning.ranges:
+        span = f"{r.batch_from}-{r.batch_to}" if r.batch_to < MAX_BATCH else f"{r.batch_from}+"
+        console.print(f"  {span} running requests: {r.point or 'off (baseline)'} (K={r.k})")
+    if tuning.vllm_speculative_config is not None:
+        console.print("vLLM: " + vllm_flags(tuning.vllm_speculative_config), markup=False)
+    if tuning.sglang_adaptive_config is not None:
+        console.print("SGLang: " + (tuning.sglang_flags or "--speculative-adaptive") + "  with the file "
+                      + json.dumps(tuning.sglang_adaptive_config), markup=False)
+    for note in tuning.notes:
         console.print(f"note: {note}")

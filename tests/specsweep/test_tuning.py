@@ -1,0 +1,140 @@
+"""The speculative-parameter grid: its points checked before anything runs, the best setting per
+level, the ranges, and the engines' per-batch forms as vLLM and SGLang take them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from specsweep.decision import DecisionConfig
+from specsweep.engine_configs import check_sglang_adaptive_config, check_vllm_speculative_config
+from specsweep.errors import ConfigError
+from specsweep.records import RunRow
+from specsweep.settings import LlamaCppSettings, SGLangSettings, VLLMSettings
+from specsweep.store import ResultsStore
+from specsweep.tuning import grid_points, tune_runs, write_tuning_report
+from tests.specsweep.test_compare import rows
+
+VLLM = VLLMSettings(model="/m/llama", method="draft_model", draft_model="/m/draft")
+VLLM_SPEC = ("python -m vllm.entrypoints.openai.api_server --model /m/llama --speculative-config "
+             "'{\"method\":\"draft_model\",\"model\":\"/m/draft\",\"num_speculative_tokens\":%d}'")
+SGLANG_SPEC = ("python -m sglang.launch_server --model-path /m/kimi --speculative-algorithm EAGLE3 "
+               "--speculative-draft-model-path /m/eagle3 --speculative-num-steps %d --speculative-eagle-topk 1")
+
+BASE = {1: [100, 101, 99, 100.5], 4: [300, 302, 298, 301], 8: [500, 498, 503, 501], 16: [700, 702, 698, 701]}
+#: Long drafts pay for one stream, shorter ones under more load, none at 16.
+K = {
+    1: {1: [120, 121, 119, 120], 4: [310, 312, 309, 311], 8: [540, 542, 539, 541], 16: [600, 601, 599, 602]},
+    3: {1: [150, 151, 149, 150], 4: [360, 362, 359, 361], 8: [520, 522, 519, 521], 16: [560, 561, 559, 562]},
+    5: {1: [170, 171, 169, 170], 4: [340, 342, 339, 341], 8: [470, 472, 469, 471], 16: [500, 501, 499, 502]},
+}
+
+
+def grid_store(root: Path, base: dict[int, list[float]], points: dict[int, dict[int, list[float]]],
+               command: str = VLLM_SPEC, engine: str = "vllm") -> ResultsStore:
+    store = ResultsStore(root)
+    runs = [("base", "vllm-baseline", base, "python -m vllm.entrypoints.openai.api_server --model /m/llama")]
+    runs += [(f"k{k}", f"vllm-draft-k{k}", blocks, command % k) for k, blocks in points.items()]
+    for run_id, name, blocks, cmd in runs:
+        store.write_run(run_id, RunRow(config_name=name, engine=engine, host="gpu-01", status="completed", command=cmd,
+                                       design="sequential", sweep_json=json.dumps({"num_requests": 16}),
+                                       engine_version="vllm 0.32.0"))
+        for r in rows(name, blocks):
+            store.write_level(run_id, r.level.key, r, [])
+    return store
+
+
+def test_the_best_k_per_range_becomes_vllms_schedule(tmp_path: Path) -> None:
+    points = grid_points("vllm", {"num_speculative_tokens": [1, 3, 5]}, VLLM)
+    assert [(p.label, p.k) for p in points] == [("k1", 1), ("k3", 3), ("k5", 5)]
+    store = grid_store(tmp_path / "res", BASE, K)
+    tuning = tune_runs(store, "vllm", "base", {"k1": "k1", "k3": "k3", "k5": "k5"}, points, DecisionConfig())
+    assert [(lv.concurrency, lv.best, lv.verdict) for lv in tuning.levels] == [
+        (1, "k5", "faster"), (4, "k3", "faster"), (8, "k1", "faster"), (16, "k1", "slower")]
+    assert tuning.recommendation.status == "decided" and tuning.recommendation.speculation_off_from == 16
+    assert [(r.batch_from, r.batch_to, r.point, r.k) for r in tuning.ranges] == [
+        (1, 3, "k5", 5), (4, 7, "k3", 3), (8, 15, "k1", 1), (16, 4096, None, 0)]
+    cfg = tuning.vllm_speculative_config
+    assert cfg == {"method": "draft_model", "model": "/m/draft", "num_speculative_tokens": 5,
+                   "num_speculative_tokens_per_batch_size": [[1, 3, 5], [4, 7, 3], [8, 15, 1], [16, 4096, 0]]}
+    check_vllm_speculative_config(cfg)
+    assert tuning.sglang_adaptive_config is None  # a vLLM grid gives vLLM's form
+
+    urls = write_tuning_report(tuning, store)
+    folder = tmp_path / "res" / "reports" / "tune-base"
+    assert sorted(p.name for p in folder.iterdir()) == ["report.md", "speedup.png", "tuning.json",
+                                                        "vllm-speculative-config.json"]
+    assert set(urls) == {"tuning", "vllm-speculative-config", "speedup", "report"}
+    assert json.loads((folder / "vllm-speculative-config.json").read_text()) == cfg
+    saved = json.loads((folder / "tuning.json").read_text())
+    assert saved["status"] == "decided" and [r["point"] for r in saved["ranges"]] == ["k5", "k3", "k1", None]
+    assert saved["levels"][0]["points"]["k5"]["verdict"] == "faster"
+    report = (folder / "report.md").read_text()
+    assert "| 1-3 | k5 | 5 |" in report and "| 16+ | off (baseline) | 0 |" in report
+    assert "num_speculative_tokens_per_batch_size" in report
+    assert (folder / "speedup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sglang_grid_gives_candidate_steps_per_batch_tier(tmp_path: Path) -> None:
+    points = grid_points("sglang", {"num_steps": [1, 3, 5]}, SGLangSettings())
+    assert [p.label for p in points] == ["steps1", "steps3", "steps5"]
+    store = grid_store(tmp_path / "res", BASE, K, command=SGLANG_SPEC, engine="sglang")
+    tuning = tune_runs(store, "sglang", "base", {f"steps{k}": f"k{k}" for k in (1, 3, 5)}, points, DecisionConfig())
+    cfg = tuning.sglang_adaptive_config
+    assert cfg == {"1": {"candidate_steps": [5]}, "4": {"candidate_steps": [3]}, "8": {"candidate_steps": [1]},
+                   "16": {"candidate_steps": [0]}}
+    check_sglang_adaptive_config(cfg)
+    assert tuning.sglang_flags is not None and "--speculative-num-steps 5 --speculative-eagle-topk 1" in tuning.sglang_flags
+    assert tuning.vllm_speculative_config is None
+
+
+def test_one_setting_paying_everywhere_keeps_it_on_for_every_batch(tmp_path: Path) -> None:
+    fast = {c: [x * 1.3 for x in v] for c, v in BASE.items()}
+    store = grid_store(tmp_path / "res", BASE, {3: fast, 5: {c: [x * 1.1 for x in v] for c, v in BASE.items()}})
+    points = grid_points("vllm", {"num_speculative_tokens": [3, 5]}, VLLM)
+    tuning = tune_runs(store, "vllm", "base", {"k3": "k3", "k5": "k5"}, points, DecisionConfig())
+    assert tuning.recommendation.speculation_off_from is None
+    assert tuning.vllm_speculative_config is not None
+    assert tuning.vllm_speculative_config["num_speculative_tokens_per_batch_size"] == [[1, 4096, 3]]
+    assert tuning.vllm_speculative_config["num_speculative_tokens"] == 3
+
+
+def test_an_open_level_leaves_the_grid_undetermined_and_names_it(tmp_path: Path) -> None:
+    noisy = {**K[3], 16: [760, 640, 720, 690]}  # k3 at 16 could be either side of the baseline
+    store = grid_store(tmp_path / "res", BASE, {1: K[1], 3: noisy})
+    points = grid_points("vllm", {"num_speculative_tokens": [1, 3]}, VLLM)
+    tuning = tune_runs(store, "vllm", "base", {"k1": "k1", "k3": "k3"}, points, DecisionConfig())
+    assert tuning.levels[-1].best == "k3" and tuning.levels[-1].verdict == "undetermined"
+    assert tuning.recommendation.status == "undetermined" and 16 in tuning.recommendation.measure_next
+    assert tuning.ranges == [] and tuning.vllm_speculative_config is None
+
+
+@pytest.mark.parametrize(("engine", "grid", "settings", "words"), [
+    ("vllm", {"draft_max": [2, 4]}, VLLM, "grid.draft_max is not a vLLM speculation setting: the grid takes "
+                                          "num_speculative_tokens"),
+    ("llamacpp", {"draft_max": []}, LlamaCppSettings(), "grid.draft_max must be a non-empty list"),
+    ("llamacpp", {"draft_max": [2, 2]}, LlamaCppSettings(), "grid.draft_max lists a value twice"),
+    ("llamacpp", {"draft_max": [0, 4]}, LlamaCppSettings(), "grid point dmax0: draft_max: Input should be greater "
+                                                            "than or equal to 1"),
+    ("llamacpp", {"draft_max": [2, 4], "draft_min": [3]}, LlamaCppSettings(),
+     "grid point dmax2-dmin3: draft_min (3) must not exceed draft_max (2)"),
+    ("vllm", {"num_speculative_tokens": list(range(1, 17)) * 2}, VLLM, "lists a value twice"),
+    ("sglang", {"num_steps": [1, 2, 3, 4, 5], "eagle_topk": [1, 2, 4, 8, 16]}, SGLangSettings(),
+     "the grid has 25 points (5 x 5); at most 24"),
+    ("sglang", {"num_steps": [2, 3], "num_draft_tokens": [4]}, SGLangSettings(),
+     "grid point steps2-draft4: with eagle_topk 1, SGLang needs num_draft_tokens = num_steps + 1"),
+])
+def test_a_bad_grid_is_refused_naming_the_field(engine: str, grid: dict, settings: object, words: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        grid_points(engine, grid, settings)  # type: ignore[arg-type]
+    assert words in str(info.value)
+
+
+def test_the_default_grids_are_small_and_valid() -> None:
+    assert [p.label for p in grid_points("llamacpp", None, LlamaCppSettings())] == ["dmax2", "dmax4", "dmax8"]
+    assert [p.k for p in grid_points("vllm", None, VLLM)] == [1, 3, 5]
+    p = grid_points("llamacpp", {"draft_max": [4], "draft_p_min": [0.5, 0.8]}, LlamaCppSettings())
+    assert [x.label for x in p] == ["dmax4-pmin0.5", "dmax4-pmin0.8"] and p[0].values == {"draft_max": 4,
+                                                                                         "draft_p_min": 0.5}
