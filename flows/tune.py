@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from flows.compare_speculation import LOCAL_BENCHMARK
-from flows.tune_speculation import tune_speculation
+from flows.tune_speculation import grid_profiles, tune_speculation
 from specsweep.decision import DecisionConfig
 from specsweep.errors import ConfigError, SpecsweepError
 from specsweep.hosts import HostConfig
@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         })
         decision = DecisionConfig(margin=args.margin, max_requests_per_level=args.max_requests_per_level)
         chosen = _settings(args.engine, settings or {})
+        grid_profiles({args.engine: chosen, "grid": _grid(args.grid)})  # a bad grid is refused before any flow run
         result = asyncio.run(tune_speculation(
             llamacpp=chosen if isinstance(chosen, LlamaCppSettings) else None,
             vllm=chosen if isinstance(chosen, VLLMSettings) else None,

@@ -171,3 +171,18 @@ async def test_llamacpp_draft_max_grid_on_this_machine(tmp_path: Path) -> None:
     report = results / "reports" / f"tune-{result.baseline.run_id}"
     assert (report / "speedup.png").read_bytes()[:4] == b"\x89PNG"
     assert pids_with_marker(port) == []
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["--grid", "draft_max=0,2"], "grid point dmax0: draft_max: Input should be greater than or equal to 1"),
+    (["--grid", "num_speculative_tokens=1,3"], "grid.num_speculative_tokens is not a llama.cpp speculation setting"),
+    (["--grid", "draft_max"], "--grid takes FIELD=V1,V2"),
+    (["--engine", "vllm"], "--engine vllm needs --settings FILE"),
+    (["--levels", "1,x"], "--levels must be comma-separated numbers"),
+])
+def test_the_command_line_refuses_a_bad_grid_before_any_run(argv: list[str], words: str,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from flows.tune import main
+
+    assert main(argv) == 2
+    assert words in capsys.readouterr().err
