@@ -21,7 +21,7 @@ from tests.helpers.prefect_server import PREFECT, REPO, postgres, prefect_cli, p
 from tests.helpers.sshd import free_port
 
 DEPLOYMENTS = {"compare-local-llamacpp/local", "compare-sglang-eagle3/sglang", "compare-speculation/profiles",
-               "benchmark-config/config",
+               "benchmark-config/config", "compare-vllm/vllm", "tune-speculation/llamacpp",
                "eagle3-benchmark/eagle3", "baseline-benchmark/baseline"}
 
 

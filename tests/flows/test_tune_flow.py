@@ -64,7 +64,7 @@ async def test_sglang_grid_on_the_simulator_retried_like_the_ui_then_its_file_tr
                    "extra_args": ["--startup-s", "0.3", "--fault-crash-on-start", "--fault-once-file", str(once)]},
         "grid": {"num_steps": [1, 3]},
         "benchmark": {"sweep": {"concurrency": [1, 4, 16], "num_requests": 16, "warmup_requests": 2},
-                      "workload": {"input_len": 16, "output_len": 32}, "results": str(results)},
+                      "workload": {"input_len": 16, "output_len": 64}, "results": str(results)},
         "decision": {"max_requests_per_level": 96},
     }
     with serving("flows.tune_speculation", "tune_speculation", "tune-test", env={"PATH": nvidia_smi_on_path(tmp_path)}):
@@ -111,14 +111,18 @@ async def test_sglang_grid_on_the_simulator_retried_like_the_ui_then_its_file_tr
     assert "### Setting per batch size" in markdown and "--speculative-adaptive-config" in markdown
 
     levels = pd.read_parquet(results / "levels")
-    # The engine's running batch, read from its /metrics while each level ran, never above the level's load.
-    assert levels["engine_running_max"].notna().all()
-    assert (levels["engine_running_max"] <= levels["concurrency"]).all()
-    assert (levels.loc[levels["concurrency"] == 16, "engine_running_max"] >= 8).all()
     assert (levels["engine_generation_tokens"] == levels["output_tokens_total"]).all()
-    # The GPUs the server was given (every one: no CUDA_VISIBLE_DEVICES), read while each level ran.
-    assert (levels["gpu_count"] == 3).all() and levels["gpu_samples"].ge(1).all()
-    assert (levels["gpu_utilization_mean_pct"].round(2) == 60.33).all()
+    # The engine's running batch, read from its /metrics every 0.25 s while each level ran (a block shorter
+    # than that may have no reading), never above the level's load; at 16 the engine ran most of them at once.
+    sampled = levels[levels["engine_running_max"].notna()]
+    assert len(sampled) >= len(levels) // 2 and (sampled["engine_running_max"] <= sampled["concurrency"]).all()
+    assert sampled.loc[sampled["concurrency"] == 16, "engine_running_max"].max() >= 8
+    # The GPUs the server was given (every one: no CUDA_VISIBLE_DEVICES), read once a second while each level
+    # ran: every one-stream block lasts longer than that.
+    one = levels[levels["concurrency"] == 1]
+    assert (one["duration_s"] > 1.2).all() and (one["engine_running_max"] == 1).all()
+    assert (one["gpu_count"] == 3).all() and one["gpu_samples"].ge(1).all()
+    assert (one["gpu_utilization_mean_pct"].round(2) == 60.33).all() and (one["gpu_power_mean_w"] == 483.55).all()
     # SGLang's own per-request acceptance, never differences of its running average.
     spec = levels[levels["config_name"] != "sim-baseline"]
     assert (spec["spec_source"] == "per-request").all() and spec["spec_accept_length"].gt(1).all()
