@@ -133,31 +133,39 @@ def comparison_plots(comp: Comparison) -> dict[str, bytes]:
 
 
 def tuning_plot(tuning: Tuning) -> bytes:
-    """Each grid point's speedup over the baseline against concurrency; the best point per level ringed."""
+    """Each grid point's speedup over the baseline against concurrency, each nudged sideways so that the
+    intervals do not hide one another; the best point per level ringed; the legend beside the axes."""
     lv = tuning.levels
     c = [r.concurrency for r in lv]
-    fig, ax = plt.subplots(figsize=(6.8, 4.0))
+    fig, ax = plt.subplots(figsize=(8.0, 4.0))
     ax.axhspan(1 - tuning.margin, 1 + tuning.margin, color="grey", alpha=0.15, label=f"±{tuning.margin:.0%}: equivalent")
     ax.axhline(1.0, color="grey", lw=1)
     colours = plt.get_cmap("viridis")
-    n = max(1, len(tuning.points) - 1)
+    n = len(tuning.points)
+
+    def nudged(i: int) -> list[float]:  # on the log-2 axis: a few percent of an octave apart
+        return [x * 2 ** ((i - (n - 1) / 2) * 0.07) for x in c]
+
     for i, point in enumerate(tuning.points):
         ratios = [r.points[point.label].ratio for r in lv]
         lows = [r.points[point.label].ratio_low for r in lv]
         highs = [r.points[point.label].ratio_high for r in lv]
         yerr = [[x - lo if lo is not None else 0.0 for x, lo in zip(ratios, lows, strict=True)],
                 [hi - x if hi is not None else 0.0 for x, hi in zip(ratios, highs, strict=True)]]
-        ax.errorbar(c, ratios, yerr=yerr, fmt="o-", color=colours(0.85 * i / n), capsize=3, label=point.label)
+        ax.errorbar(nudged(i), ratios, yerr=yerr, fmt="o-", color=colours(0.85 * i / max(1, n - 1)), capsize=3,
+                    label=point.label)
     off = tuning.recommendation.speculation_off_from
-    on = [r for r in lv if off is None or r.concurrency < off]  # from the threshold on, the baseline is best
-    ax.scatter([r.concurrency for r in on], [r.ratio for r in on], s=160, facecolors="none", edgecolors="black",
-               linewidths=1.2, zorder=4, label="best per level" + ("" if tuning.recommendation.status == "decided"
-                                                                   else " (undetermined)"))
+    index = {p.label: i for i, p in enumerate(tuning.points)}
+    on = [(k, r) for k, r in enumerate(lv) if off is None or r.concurrency < off]  # from the threshold on: baseline
+    ax.scatter([nudged(index[r.best])[k] for k, r in on], [r.ratio for _, r in on], s=160, facecolors="none",
+               edgecolors="black", linewidths=1.2, zorder=4,
+               label="best per level" + ("" if tuning.recommendation.status == "decided" else " (undetermined)"))
     if off is not None:
         ax.axvline(off, color="tab:red", ls="--", label=f"off from {off}")
     _concurrency_axis(ax, c)
     ax.set(ylabel="setting / baseline (output tok/s)", title="Speedup of each speculative setting (with its interval)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    fig.tight_layout()
     return _png(fig)
 
 
