@@ -17,15 +17,15 @@ server), except the draft position.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import re
 import statistics
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
+
+from specsweep.periodic import Periodic
 
 GAUGES: dict[str, tuple[str, ...]] = {
     "running": ("vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing"),
@@ -125,14 +125,13 @@ def level_figures(before: dict[str, float], after: dict[str, float],
     return out
 
 
-class Sampler:
+class Sampler(Periodic):
     """Reads ``/metrics`` every ``interval_s`` while a level runs (``async with``). ``read`` returns the
     page or None (no answer, no metrics: then nothing is kept and reading stops after three misses)."""
 
     def __init__(self, read: Callable[[], Awaitable[str | None]], interval_s: float = 1.0) -> None:
         self.read, self.interval_s = read, interval_s
         self.samples = Samples()
-        self._task: asyncio.Task[None] | None = None
 
     async def _loop(self) -> None:
         misses = 0
@@ -146,14 +145,3 @@ class Sampler:
             else:
                 misses += 1
             await asyncio.sleep(self.interval_s)
-
-    async def __aenter__(self) -> Sampler:
-        self._task = asyncio.create_task(self._loop())
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task

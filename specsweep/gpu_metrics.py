@@ -15,15 +15,14 @@ another user's job on another GPU does not count.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import statistics
 import time
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 
 from specsweep.errors import HostError
 from specsweep.hosts.base import Host
+from specsweep.periodic import Periodic
 
 FIELDS = ("index", "uuid", "utilization.gpu", "memory.used", "memory.total", "power.draw")
 QUERY = ["nvidia-smi", f"--query-gpu={','.join(FIELDS)}", "--format=csv,nounits"]
@@ -82,7 +81,7 @@ def server_gpus(samples: list[GpuSample], visible: str | None) -> list[GpuSample
 
 
 @dataclass
-class GpuWatch:
+class GpuWatch(Periodic):
     """Reads ``nvidia-smi`` on ``host`` every ``interval_s`` while a level runs (``async with``)."""
 
     host: Host
@@ -91,7 +90,6 @@ class GpuWatch:
     timeout_s: float = 10.0
     readings: list[tuple[float, list[GpuSample]]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
-    _task: asyncio.Task[None] | None = None
 
     def _read(self) -> list[GpuSample]:
         result = self.host.run(QUERY, timeout=self.timeout_s)
@@ -117,17 +115,6 @@ class GpuWatch:
     def fresh(self) -> GpuWatch:
         """A watch for the next level: the same host and GPUs, no readings."""
         return GpuWatch(self.host, self.visible, self.interval_s, self.timeout_s)
-
-    async def __aenter__(self) -> GpuWatch:
-        self._task = asyncio.create_task(self._loop())
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
 
     def within(self, start: float, end: float) -> list[list[GpuSample]]:
         return [s for t, s in self.readings if start <= t <= end]

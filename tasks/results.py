@@ -87,11 +87,7 @@ async def compare_configurations(
     for lv in comp.levels:
         logger.info("  C=%d: %s, ratio %.3f [%s], %d/%d blocks", lv.concurrency, lv.verdict, lv.ratio,
                     f"{lv.ratio_low:.3f}, {lv.ratio_high:.3f}" if lv.ratio_low and lv.ratio_high else "-", *lv.blocks)
-    if comp.vllm_speculative_config is not None:
-        logger.info("vLLM --speculative-config %s", json.dumps(comp.vllm_speculative_config))
-    if comp.sglang_adaptive_config is not None:
-        logger.info("SGLang --speculative-adaptive-config: %s", json.dumps(comp.sglang_adaptive_config))
-    logger.info("report: %s", folder)
+    _log_engine_settings(comp.vllm_speculative_config, comp.sglang_adaptive_config, folder)
     return comp
 
 
@@ -115,9 +111,15 @@ async def publish_tuning(engine: Engine, baseline_run_id: str, point_runs: dict[
     for lv in tuning.levels:
         logger.info("  C=%d: best %s (%s, x%.3f); %s", lv.concurrency, lv.best, lv.verdict, lv.ratio,
                     ", ".join(f"{k} x{p.ratio:.3f} {p.verdict}" for k, p in lv.points.items()))
-    if tuning.vllm_speculative_config is not None:
-        logger.info("vLLM --speculative-config %s", json.dumps(tuning.vllm_speculative_config))
-    if tuning.sglang_adaptive_config is not None:
-        logger.info("SGLang --speculative-adaptive-config: %s", json.dumps(tuning.sglang_adaptive_config))
-    logger.info("report: %s", folder)
+    _log_engine_settings(tuning.vllm_speculative_config, tuning.sglang_adaptive_config, folder)
     return tuning
+
+
+def _log_engine_settings(vllm: dict[str, Any] | None, sglang: dict[str, Any] | None, folder: str) -> None:
+    """The answer in the engines' own forms, and where the report is, in the run's log."""
+    logger = run_logger()
+    if vllm is not None:
+        logger.info("vLLM --speculative-config %s", json.dumps(vllm))
+    if sglang is not None:
+        logger.info("SGLang --speculative-adaptive-config: %s", json.dumps(sglang))
+    logger.info("report: %s", folder)
