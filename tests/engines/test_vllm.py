@@ -76,7 +76,8 @@ async def test_vllm_baseline_vs_draft_model_end_to_end(vllm_python: str, hf_mode
     results = tmp_path / "results"
     state = await compare_vllm(settings(hf_models, vllm_python, port), return_state=True, benchmark=BenchmarkSettings(
         results=str(results), workload=WorkloadConfig(input_len=16, output_len=32),
-        sweep=SweepConfig(concurrency=[1, 4], num_requests=8, warmup_requests=2)))
+        sweep=SweepConfig(concurrency=[1, 4], num_requests=8, warmup_requests=2)),
+        decision={"max_requests_per_level": 32})  # type: ignore[arg-type]
     assert state.is_completed(), state.message
     comp = (await state.result()).comparison
     assert [lv.concurrency for lv in comp.levels] == [1, 4]
