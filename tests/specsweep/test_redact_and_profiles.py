@@ -107,3 +107,35 @@ def test_sglang_presets() -> None:
         sglang_eagle3("/m", "/d", num_steps=3, eagle_topk=1, num_draft_tokens=8)
     with pytest.raises(ConfigError, match="draft_model_path"):
         sglang_eagle3("/m", "")
+    assert "--enable-metrics" in base.argv and base.host == "127.0.0.1"  # loopback, as SGLang's own default
+
+
+def test_sglang_settings_take_its_tuning_flags() -> None:
+    from specsweep.settings import SGLangSettings
+
+    s = SGLangSettings(num_steps=5, eagle_topk=1, cuda_graph_max_bs=32, max_running_requests=64)
+    argv = s.profile("eagle3").launch_argv()
+    for flag, value in (("--speculative-num-steps", "5"), ("--speculative-eagle-topk", "1"),
+                        ("--speculative-num-draft-tokens", "6"), ("--cuda-graph-max-bs", "32"),
+                        ("--max-running-requests", "64")):
+        assert argv[argv.index(flag) + 1] == value, flag
+    assert "--cuda-graph-max-bs" in s.profile("baseline").argv and "--speculative-num-steps" not in s.profile("baseline").argv
+
+
+def test_vllm_presets_run_the_api_server_module_with_the_given_python() -> None:
+    from specsweep.presets import by_name
+
+    draft = by_name("vllm-draft", model_path="/m/llama", draft_model_path="/m/draft", python="/opt/vllm/bin/python")
+    argv = draft.launch_argv()
+    assert argv[:3] == ["/opt/vllm/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert json.loads(argv[argv.index("--speculative-config") + 1]) == {
+        "method": "draft_model", "model": "/m/draft", "num_speculative_tokens": 3}
+    assert draft.host == "127.0.0.1" and draft.health_path == "/health" and draft.api_key_env == "VLLM_API_KEY"
+    assert "--api-key" not in argv  # the key travels in the environment, never on the command line
+    ngram = json.loads(by_name("vllm-ngram", model_path="/m/llama").argv[-1])
+    assert ngram["method"] == "ngram" and "model" not in ngram
+    assert "--speculative-config" not in by_name("vllm-baseline", model_path="/m/llama").argv
+    with pytest.raises(ConfigError, match="draft_model is required for eagle3"):
+        by_name("vllm-eagle3", model_path="/m/llama")
+    with pytest.raises(ConfigError, match="unknown preset 'vllm-medusa': choose one of"):
+        by_name("vllm-medusa", model_path="/m/llama")
