@@ -66,8 +66,9 @@ class SSHServer:
 
 def start_sshd(workdir: Path, authorized_keys: list[str], *, address: str = "127.0.0.1",
                allow_forwarding: bool = True, log_level: str = "VERBOSE", netns: str | None = None,
-               port: int | None = None, extra_config: str = "") -> SSHServer:
-    """``netns``: run sshd inside that network namespace (``address`` then is the namespace's own)."""
+               port: int | None = None, extra_config: str = "", set_env: dict[str, str] | None = None) -> SSHServer:
+    """``netns``: run sshd inside that network namespace (``address`` then is the namespace's own).
+    ``set_env``: more environment for its sessions (sshd takes only its first SetEnv line: all go on it)."""
     if not os.path.exists(SSHD):
         raise RuntimeError("sshd is not installed: the test command installs openssh-server (scripts/bootstrap.sh)")
     workdir.mkdir(parents=True, exist_ok=True)
@@ -99,7 +100,7 @@ LogLevel {log_level}
 # Commands run through the login shell; where it runs `pyenv rehash` (this machine's image does), a
 # command killed while its shell starts (the link-cut tests kill some) leaves pyenv's lock behind, and
 # every later command would wait 60 s for it.
-SetEnv PYENV_REHASH_TIMEOUT=1
+SetEnv {" ".join(f"{k}={v}" for k, v in {"PYENV_REHASH_TIMEOUT": "1", **(set_env or {})}.items())}
 {extra_config}"""
     )
     wrap = ["ip", "netns", "exec", netns] if netns else []

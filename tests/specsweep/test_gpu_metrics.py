@@ -106,3 +106,44 @@ async def test_a_hung_nvidia_smi_costs_three_bounded_tries_then_nothing(tmp_path
         await asyncio.sleep(2.5)
     assert len(watch.errors) == 3 and watch.readings == []  # it gave up after three timeouts
     assert time.monotonic() - t0 < 4
+
+
+@pytest.mark.ssh
+async def test_the_watch_reads_over_ssh_and_a_hung_nvidia_smi_there_is_bounded(
+        tmp_path: Path, ssh_keys: tuple[Path, str]) -> None:
+    """A real OpenSSH server whose logins find nvidia-smi on PATH (here a stand-in replaying recorded rows,
+    then one that hangs): the readings come over the run's own connection, each bounded by its timeout."""
+    from specsweep.hosts import HostConfig, SSHEndpoint, open_host
+    from tests.helpers.sshd import start_sshd
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    rows, tool = tmp_path / "rows.csv", bin_dir / "nvidia-smi"
+    rows.write_text(OWN_QUERY)
+    tool.write_text(f"#!/bin/sh\n[ -e {tmp_path}/hang ] && exec sleep 30\ncat {rows}\n")
+    tool.chmod(0o755)
+    server = start_sshd(tmp_path / "sshd", [ssh_keys[1]], set_env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    try:
+        known = tmp_path / "known_hosts"
+        known.write_text(server.known_hosts_line() + "\n")
+        config = HostConfig(kind="ssh", ssh=SSHEndpoint(hostname=server.address, port=server.port, user=server.user,
+                                                        key_path=ssh_keys[0], known_hosts=known, use_agent=False))
+        with open_host(config) as host:
+            assert host.which("nvidia-smi") == str(tool)
+            t0 = time.time()
+            async with GpuWatch(host, "GPU-5f0c", interval_s=0.2) as watch:
+                await asyncio.sleep(1.0)
+            readings = watch.within(t0, time.time())
+            assert len(readings) >= 2 and not watch.errors
+            assert all([s.index for s in r] == ["2"] for r in readings)  # only the server's GPU, by UUID prefix
+            assert level_gpu_figures(readings)["gpu_power_mean_w"] == 71.2
+
+            (tmp_path / "hang").touch()
+            t1 = time.monotonic()
+            async with GpuWatch(host, None, interval_s=0.1, timeout_s=0.5) as hung:
+                await asyncio.sleep(3.0)
+            assert len(hung.errors) == 3 and hung.readings == [] and "did not finish within 0.5 s" in hung.errors[0]
+            assert time.monotonic() - t1 < 5
+            assert host.run(["echo", "still usable"]).stdout == "still usable\n"
+    finally:
+        server.stop()
