@@ -39,30 +39,32 @@ class TuneResult(BaseModel):
     results: str
 
 
-def tuning_target(params: dict[str, Any]) -> tuple[Engine, BaseModel]:
+EngineSettings = LlamaCppSettings | VLLMSettings | SGLangSettings
+_KINDS: dict[Engine, type[EngineSettings]] = {"llamacpp": LlamaCppSettings, "vllm": VLLMSettings,
+                                              "sglang": SGLangSettings}
+
+
+def tuning_target(params: dict[str, Any]) -> tuple[Engine, EngineSettings]:
     """The engine and its settings: exactly one of llamacpp, vllm, sglang (none: the local llama.cpp)."""
-    given = [k for k in ("llamacpp", "vllm", "sglang") if params.get(k) is not None]
+    given = [engine for engine in _KINDS if params.get(engine) is not None]
     if len(given) > 1:
         raise ConfigError(f"give the settings of one engine, not {' and '.join(given)}: a grid tunes one server")
     if not given:
         return "llamacpp", LlamaCppSettings()
-    engine = given[0]
-    kinds: dict[str, type[BaseModel]] = {"llamacpp": LlamaCppSettings, "vllm": VLLMSettings, "sglang": SGLangSettings}
-    value = params[engine]
-    return engine, value if isinstance(value, kinds[engine]) else kinds[engine].model_validate(value)  # type: ignore[return-value]
+    engine, value = given[0], params[given[0]]
+    return engine, value if isinstance(value, _KINDS[engine]) else _KINDS[engine].model_validate(value)
 
 
 def grid_profiles(params: dict[str, Any]) -> tuple[Engine, ServerProfile, list[tuple[GridPoint, ServerProfile]]]:
     """The baseline's profile and each grid point's, from the flow's parameters."""
     engine, settings = tuning_target(params)
     points = grid_points(engine, params.get("grid"), settings)
-    kind = "eagle3" if engine == "sglang" else "speculative"
-    base = settings.profile("baseline")  # type: ignore[attr-defined]
     out = []
     for point in points:
-        profile = point_settings(settings, point.values, point.label).profile(kind)
+        variant = point_settings(settings, point.values, point.label)
+        profile = variant.profile("eagle3") if isinstance(variant, SGLangSettings) else variant.profile("speculative")
         out.append((point, profile.model_copy(update={"name": f"{profile.name}-{point.label}"})))
-    return engine, base, out
+    return engine, settings.profile("baseline"), out
 
 
 def _servers(params: dict[str, Any]) -> list[ServerProfile]:
