@@ -55,6 +55,7 @@ DEFAULT_GRIDS: dict[str, dict[str, list[int | float]]] = {
 #: Each point restarts the server and measures every level: a larger grid is a mistake more often than not.
 MAX_POINTS = 24
 _RANK: dict[str, int] = {"faster": 0, "undetermined": 1, "equivalent": 2, "slower": 3}
+SEQUENTIAL_NOTE = "The blocks were not taken alternately"
 
 
 class GridPoint(BaseModel):
@@ -235,7 +236,12 @@ def tune(engine: Engine, comparisons: Mapping[str, Comparison], points: Sequence
                     points=list(points), run_ids={label: c.speculative_run_id or "" for label, c in comparisons.items()},
                     levels=levels, recommendation=rec, margin=margin, host=first.host)
     for comp in comparisons.values():
-        tuning.notes.extend(n for n in comp.notes if n not in tuning.notes)
+        # A grid has only the sequential design: the comparison's advice to alternate does not apply here.
+        tuning.notes.extend(n for n in comp.notes if n not in tuning.notes and not n.startswith(SEQUENTIAL_NOTE))
+    if any(n.startswith(SEQUENTIAL_NOTE) for comp in comparisons.values() for n in comp.notes):
+        tuning.notes.append("Each setting was measured after the baseline, one server at a time: drift of the machine "
+                            "between them is not cancelled out. Check a close call with compare-speculation "
+                            "(alternate design) on the two settings concerned.")
     if rec.status == "decided":
         tuning.ranges = setting_ranges(levels, points, rec.speculation_off_from)
         _engine_forms(tuning, speculation)

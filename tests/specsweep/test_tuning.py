@@ -61,6 +61,9 @@ def test_the_best_k_per_range_becomes_vllms_schedule(tmp_path: Path) -> None:
                    "num_speculative_tokens_per_batch_size": [[1, 3, 5], [4, 7, 3], [8, 15, 1], [16, 4096, 0]]}
     check_vllm_speculative_config(cfg)
     assert tuning.sglang_adaptive_config is None  # a vLLM grid gives vLLM's form
+    # A grid has only the sequential design: the comparison's advice to alternate is replaced by what applies.
+    assert not any("not taken alternately" in n for n in tuning.notes)
+    assert any("one server at a time" in n and "compare-speculation" in n for n in tuning.notes), tuning.notes
 
     urls = write_tuning_report(tuning, store)
     folder = tmp_path / "res" / "reports" / "tune-base"
