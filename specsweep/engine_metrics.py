@@ -7,6 +7,7 @@ engine names the same things its own way; ``snapshot`` reads a page into one voc
     counters  preemptions, prompt_tokens, generation_tokens, spec_drafts, spec_draft_tokens,
               spec_accepted_tokens, spec_accepted_pos<i> (accepted tokens per draft position)
 
+Where one engine serves a quantity under two names at once, the first name listed is taken.
 Counters are cumulative over the server's life: a level's figure is the difference of the
 readings at its start and end, never one reading. Gauges move within a level, so they are
 sampled while it runs (``Sampler``): the running batch it reached is what per-batch-size
@@ -47,6 +48,7 @@ PER_POSITION = ("vllm:spec_decode_num_accepted_tokens_per_pos_total",
                 "llamacpp:spec_decode_num_accepted_tokens_per_pos_total")
 
 _NAMES = {name: key for key, names in (GAUGES | COUNTERS).items() for name in names}
+_PRIORITY = {name: i for names in (GAUGES | COUNTERS).values() for i, name in enumerate(names)}
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 _POSITION = re.compile(r'position="(\d+)"')
 
@@ -54,7 +56,7 @@ _POSITION = re.compile(r'position="(\d+)"')
 def snapshot(text: str) -> dict[str, float]:
     """A Prometheus text page in specsweep's vocabulary (see the module's docstring); names the page
     does not have are absent."""
-    out: dict[str, float] = {}
+    by_name: dict[tuple[str, str], float] = {}  # (key, metric name) -> summed over label sets
     for line in text.splitlines():
         if not line or line[0] == "#":
             continue
@@ -74,7 +76,12 @@ def snapshot(text: str) -> dict[str, float]:
         except ValueError:
             continue
         if math.isfinite(value):
-            out[key] = out.get(key, 0.0) + value
+            by_name[key, name] = by_name.get((key, name), 0.0) + value
+    # A quantity that a version of the engine serves under two names at once (vLLM's gpu_cache_usage_perc
+    # beside its renamed kv_cache_usage_perc) is taken once: from the name listed first.
+    out: dict[str, float] = {}
+    for (key, _name), value in sorted(by_name.items(), key=lambda kv: _PRIORITY.get(kv[0][1], 0)):
+        out.setdefault(key, value)
     return out
 
 
@@ -92,7 +99,14 @@ def differences(before: dict[str, float], after: dict[str, float]) -> dict[str, 
 class Samples:
     """Gauge readings taken while a level ran: (wall-clock time, snapshot)."""
 
-    readings: list[tuple[float, dict[str, float]]] = field(default_factory=list)
+    pages: list[tuple[float, str]] = field(default_factory=list)  # (wall-clock time, the page as read)
+
+    @property
+    def readings(self) -> list[tuple[float, dict[str, float]]]:
+        """The gauges of each page that has any. Pages are read into the vocabulary only here, after the
+        level: while it runs, the reading costs the client's event loop one request and nothing more."""
+        parsed = [(t, {k: v for k, v in snapshot(text).items() if k in GAUGES}) for t, text in self.pages]
+        return [(t, gauges) for t, gauges in parsed if gauges]
 
     def within(self, start: float, end: float) -> list[dict[str, float]]:
         return [s for t, s in self.readings if start <= t <= end]
@@ -139,9 +153,7 @@ class Sampler(Periodic):
             text = await self.read()
             if text:
                 misses = 0
-                values = {k: v for k, v in snapshot(text).items() if k in GAUGES}
-                if values:
-                    self.samples.readings.append((time.time(), values))
+                self.samples.pages.append((time.time(), text))
             else:
                 misses += 1
             await asyncio.sleep(self.interval_s)

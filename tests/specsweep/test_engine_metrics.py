@@ -91,3 +91,11 @@ def test_a_real_llama_cpp_page_reads_into_the_vocabulary() -> None:
     assert snap["generation_tokens"] == 64 and snap["prompt_tokens"] == 10 and snap["running"] == 0
     assert (snap["spec_drafts"], snap["spec_draft_tokens"], snap["spec_accepted_tokens"]) == (16, 64, 44)
     assert [snap[f"spec_accepted_pos{i}"] for i in range(4)] == [14, 10, 10, 10]
+
+
+def test_a_quantity_served_under_two_names_is_taken_once() -> None:
+    """vLLM versions that renamed gpu_cache_usage_perc served both names for a while: not 0.8 + 0.8."""
+    page = ('vllm:kv_cache_usage_perc{engine="0"} 0.4\nvllm:kv_cache_usage_perc{engine="1"} 0.4\n'
+            'vllm:gpu_cache_usage_perc{engine="0"} 0.4\nvllm:gpu_cache_usage_perc{engine="1"} 0.4\n')
+    assert snapshot(page) == {"kv_cache": 0.8}  # summed over the engines, once
+    assert snapshot('vllm:gpu_cache_usage_perc{engine="0"} 0.3\n') == {"kv_cache": 0.3}  # an older vLLM's name alone
