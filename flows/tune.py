@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--levels", default=",".join(map(str, sweep.concurrency)), help="concurrency levels")
     ap.add_argument("--num-prompts", type=int, default=sweep.num_requests, help="measured requests per block")
     ap.add_argument("--output-len", type=int, default=workload.output_len, help="tokens per request")
-    ap.add_argument("--margin", type=float, default=0.03, help="ratios within ±margin are equivalent")
+    ap.add_argument("--margin", type=float, default=DecisionConfig().margin, help="ratios within ±margin are equivalent")
     ap.add_argument("--max-requests-per-level", type=int, default=96, help="budget per level and setting")
     ap.add_argument("--results", default=LOCAL_BENCHMARK.results, help="results root: a folder or a URL")
     args = ap.parse_args(argv)

@@ -22,6 +22,7 @@ from typing import Any
 
 from specsweep.errors import HostError
 from specsweep.hosts.base import Host
+from specsweep.lifecycle import visible_gpus
 from specsweep.periodic import Periodic
 
 FIELDS = ("index", "uuid", "utilization.gpu", "memory.used", "memory.total", "power.draw")
@@ -72,9 +73,8 @@ def parse_gpu_samples(text: str) -> list[GpuSample]:
 
 
 def server_gpus(samples: list[GpuSample], visible: str | None) -> list[GpuSample]:
-    """The samples of the GPUs a server with this ``CUDA_VISIBLE_DEVICES`` uses (None: every GPU)."""
-    from specsweep.lifecycle import visible_gpus
-
+    """The samples of the GPUs a server with this ``CUDA_VISIBLE_DEVICES`` uses (None: every GPU), chosen
+    as the kill's GPU-memory check chooses them."""
     rows = [(s.index, s.uuid, 0) for s in samples]
     chosen = {index for index, _, _ in visible_gpus(rows, visible)}
     return [s for s in samples if s.index in chosen]

@@ -85,8 +85,7 @@ class _Trickle:
 class SimRequest:
     rid: str
     max_tokens: int
-    queue: asyncio.Queue[int] = field(default_factory=asyncio.Queue)
-    queue_drafted: asyncio.Queue[int] = field(default_factory=asyncio.Queue)  # draft tokens proposed per step
+    queue: asyncio.Queue[tuple[int, int]] = field(default_factory=asyncio.Queue)  # per step: (tokens, drafted)
     emitted: int = 0
     verify_ct: int = 0
     cancelled: bool = False
@@ -193,8 +192,7 @@ class Engine:
                 self.total_verify += 1
                 self.total_drafted += steps
                 self.total_accepted += k - 1
-                r.queue_drafted.put_nowait(steps)
-                r.queue.put_nowait(k)
+                r.queue.put_nowait((k, steps))
                 if r.emitted >= r.max_tokens:
                     done.append(r)
             if done:
@@ -286,9 +284,9 @@ class SimServer:
         try:
             got = 0
             while got < n:
-                k = await req.queue.get()
+                k, drafted = await req.queue.get()
                 got += k
-                yield k, req.queue_drafted.get_nowait()
+                yield k, drafted
         finally:
             req.cancelled = True
             self.engine.wake.set()
