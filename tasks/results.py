@@ -11,6 +11,7 @@ from prefect import task
 from prefect.artifacts import acreate_link_artifact, acreate_markdown_artifact, acreate_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from specsweep import tuning as tuning_report
 from specsweep.compare import Comparison, compare_runs, comparison_markdown, report_folder, write_report
 from specsweep.decision import DecisionConfig
 from specsweep.fingerprint import host_fingerprint, server_fingerprint
@@ -19,7 +20,14 @@ from specsweep.plots import comparison_plots, data_uri, tuning_plot
 from specsweep.records import LevelRow
 from specsweep.store import ResultsStore
 from specsweep.sweep import BenchTarget, SweepJob
-from specsweep.tuning import Engine, GridPoint, Tuning, tune_runs, tuning_markdown, write_tuning_report
+from specsweep.tuning import (
+    Engine,
+    GridPoint,
+    Tuning,
+    tune_runs,
+    tuning_markdown,
+    write_tuning_report,
+)
 from tasks._common import run_logger
 
 TABLE_COLUMNS = ["concurrency", "request_rate_per_s", "repeat", "completed", "failed", "output_tokens_per_s",
@@ -98,7 +106,7 @@ async def publish_tuning(engine: Engine, baseline_run_id: str, point_runs: dict[
     logger = run_logger()
     tuning = tune_runs(store, engine, baseline_run_id, point_runs, points, decision)
     urls = await asyncio.to_thread(write_tuning_report, tuning, store)
-    folder = store.location.url_of(f"reports/tune-{baseline_run_id}")
+    folder = store.location.url_of(tuning_report.report_folder(tuning))
     runs = ", ".join(f"`{r}`" for r in (baseline_run_id, *point_runs.values()))
     where = (f"### Data\n\n- levels: `{store.url}/levels/` (runs {runs})\n- this report: `{folder}/`\n"
              f"- read them: `pandas.read_parquet('{store.url}/levels')`")
