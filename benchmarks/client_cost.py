@@ -34,8 +34,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from specsweep.bench.config import WorkloadConfig  # noqa: E402
-from specsweep.bench.workload import _WORDS, build_prompts, local_tokenizer, server_tokenizer  # noqa: E402
-from specsweep.server_api import ServerAPI  # noqa: E402
+from specsweep.bench.workload import build_prompts, local_tokenizer  # noqa: E402
+from specsweep.server.api import ServerAPI  # noqa: E402
+from specsweep.sweep import server_tokenizer  # noqa: E402
+from specsweep.vocabulary import WORDS as _WORDS  # noqa: E402
 from tests.helpers.sim import running_sim  # noqa: E402
 from tests.helpers.tokenizer import make_tokenizer  # noqa: E402
 

@@ -25,11 +25,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from specsweep.errors import ServerCrashedError  # noqa: E402
-from specsweep.health import wait_for_health  # noqa: E402
 from specsweep.hosts import LocalHost  # noqa: E402
-from specsweep.lifecycle import kill_server, start_server  # noqa: E402
 from specsweep.profiles import ServerProfile  # noqa: E402
-from specsweep.server_api import ServerAPI  # noqa: E402
+from specsweep.server.api import ServerAPI  # noqa: E402
+from specsweep.server.health import wait_for_health  # noqa: E402
+from specsweep.server.lifecycle import kill_server, start_server  # noqa: E402
 from tests.conftest import toy_profile  # noqa: E402
 
 

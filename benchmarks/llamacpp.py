@@ -19,12 +19,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from specsweep.bench.config import SweepConfig, WorkloadConfig  # noqa: E402
-from specsweep.health import wait_for_health  # noqa: E402
+from specsweep.engines.llamacpp import baseline as baseline_profile  # noqa: E402
+from specsweep.engines.llamacpp import speculative as speculative_profile  # noqa: E402
 from specsweep.hosts import LocalHost  # noqa: E402
-from specsweep.lifecycle import kill_server, start_server  # noqa: E402
-from specsweep.llamacpp import baseline_profile, speculative_profile  # noqa: E402
-from specsweep.server_api import ServerAPI  # noqa: E402
-from specsweep.store import DEFAULT_ROOT, new_run_id  # noqa: E402
+from specsweep.results import DEFAULT_ROOT, ResultsStore, new_run_id  # noqa: E402
+from specsweep.server.api import ServerAPI  # noqa: E402
+from specsweep.server.health import wait_for_health  # noqa: E402
+from specsweep.server.lifecycle import kill_server, start_server  # noqa: E402
 from specsweep.sweep import BenchTarget, SweepJob, measure_level, points, repeats, run_levels  # noqa: E402
 
 
@@ -44,7 +45,7 @@ async def main() -> None:
             target = BenchTarget(base_url=f"http://127.0.0.1:{profile.port}", engine=profile.engine)
             async with ServerAPI(target.base_url) as api:
                 ready = await wait_for_health(host, profile, handle, api)
-            job = SweepJob(run_id=new_run_id(profile.name), config_name=profile.name, results=str(DEFAULT_ROOT),
+            job = SweepJob(run_id=new_run_id(profile.name), config_name=profile.name, store=ResultsStore(DEFAULT_ROOT),
                            workload=WorkloadConfig(input_len=args.input_len, output_len=args.output_len),
                            sweep=SweepConfig(concurrency=[1, 8], num_requests=args.requests, warmup_requests=2,
                                              repeats=args.repeats))

@@ -23,7 +23,8 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId  # noq
 
 from flows.compare_speculation import compare_sglang_eagle3  # noqa: E402
 from specsweep.bench.config import SweepConfig, WorkloadConfig  # noqa: E402
-from specsweep.settings import BenchmarkSettings, SGLangSettings  # noqa: E402
+from specsweep.engines.sglang import SGLangSettings  # noqa: E402
+from specsweep.parameters import BenchmarkSettings  # noqa: E402
 
 
 async def main() -> None:

@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 
 from specsweep.bench.config import SweepConfig, WorkloadConfig  # noqa: E402
 from specsweep.records import Level  # noqa: E402
-from specsweep.store import DEFAULT_ROOT, new_run_id  # noqa: E402
+from specsweep.results import DEFAULT_ROOT, ResultsStore, new_run_id  # noqa: E402
 from specsweep.sweep import BenchTarget, SweepJob, measure_level  # noqa: E402
 
 LEVELS = [1, 2, 4, 8, 16, 32, 64, 80, 128]
@@ -33,7 +33,7 @@ PUBLISHED = {("baseline", 1): 92.6, ("baseline", 128): 773.0, ("eagle3", 1): 96.
 
 
 async def sweep(spec: bool, requests: int, port: int) -> dict[int, float]:
-    argv = [sys.executable, "-m", "specsweep.sim", "--port", str(port), "--startup-s", "0.3", "--tp", "8"]
+    argv = [sys.executable, "-m", "specsweep.engines.sglang.sim", "--port", str(port), "--startup-s", "0.3", "--tp", "8"]
     if spec:
         argv += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "eagle3"]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
@@ -50,7 +50,7 @@ async def sweep(spec: bool, requests: int, port: int) -> dict[int, float]:
         for i, c in enumerate(LEVELS):
             # Enough requests for a steady state at each level: several rounds of the batch.
             n = max(requests, 3 * c)
-            job = SweepJob(run_id=run_id, config_name="sim-eagle3" if spec else "sim-baseline", results=str(DEFAULT_ROOT),
+            job = SweepJob(run_id=run_id, config_name="sim-eagle3" if spec else "sim-baseline", store=ResultsStore(DEFAULT_ROOT),
                            workload=WorkloadConfig(input_len=128, output_len=64),
                            sweep=SweepConfig(num_requests=n, warmup_requests=min(c, 16)))
             row = await measure_level(BenchTarget(base_url=f"http://127.0.0.1:{port}", engine="sglang"), job,

@@ -1,12 +1,12 @@
-"""What the SSH tunnel costs: direct against both tunnel clients, side by side, on the same server.
+"""What the SSH tunnel costs: direct against the tunnel and the load generator on the host, on one server.
 
-    .venv/bin/python benchmarks/tunnel.py [--requests 1024] [--levels 1,64,256] [--ways direct,openssh,paramiko,on-host]
+    .venv/bin/python benchmarks/tunnel.py [--requests 1024] [--levels 1,64,256] [--ways direct,openssh,on-host]
         [--limit-s 90]
 
 A real OpenSSH server on loopback (started here, throwaway keys) is the "GPU host"; the
-simulator runs on 127.0.0.1. For each way in (direct; the OpenSSH client tunnel; the
-paramiko tunnel; the load generator on the host, ``load_generator: host``, run over SSH with
-its records brought back) and each level:
+simulator runs on 127.0.0.1. For each way in (direct; the OpenSSH client tunnel; the load
+generator on the host, ``load_generator: host``, run over SSH with its records brought back)
+and each level:
 
 1. a zero-delay server ("instant": every token at once, one per SSE event): streamed output
    tok/s, relative to direct, and CPU per streamed token of the client process and of the
@@ -39,9 +39,9 @@ from specsweep.bench.remote import HostLoadGenerator  # noqa: E402
 from specsweep.bench.runner import Load, run_async, run_level  # noqa: E402
 from specsweep.bench.workload import Prompt  # noqa: E402
 from specsweep.hosts import SSHEndpoint, SSHHost  # noqa: E402
+from specsweep.hosts.tunnel import Tunnel, open_tunnel  # noqa: E402
 from specsweep.metrics import level_metrics  # noqa: E402
 from specsweep.records import Level  # noqa: E402
-from specsweep.tunnel import Tunnel, open_tunnel  # noqa: E402
 from tests.helpers.sim import running_sim  # noqa: E402
 from tests.helpers.sshd import keygen, start_sshd  # noqa: E402
 
@@ -67,7 +67,7 @@ def children(pid: int) -> list[int]:
 
 @contextmanager
 def ways_in(port: int) -> Iterator[dict[str, tuple[str, list[int]]]]:
-    """{"direct" | "openssh" | "paramiko" | "on-host": (base URL, pids whose CPU is the tunnel's)}."""
+    """{"direct" | "openssh" | "on-host": (base URL, pids whose CPU is the tunnel's)}."""
     work = Path(tempfile.mkdtemp(prefix="specsweep-tunnel-bench-"))
     key = work / "id_ed25519"
     sshd = start_sshd(work / "sshd", [keygen(key)])
@@ -79,16 +79,14 @@ def ways_in(port: int) -> Iterator[dict[str, tuple[str, list[int]]]]:
     global ON_HOST
     ON_HOST = HostLoadGenerator(host, sys.executable, f"http://127.0.0.1:{port}")
     ON_HOST.check()
-    tunnels: dict[str, Tunnel] = {c: open_tunnel(host, "127.0.0.1", port, client=c) for c in ("openssh", "paramiko")}
-    ssh_pids = [t._proc.pid for t in tunnels.values() if getattr(t, "_proc", None)]  # type: ignore[attr-defined]
+    tunnel: Tunnel = open_tunnel(host, "127.0.0.1", port)
+    ssh_pids = [tunnel._proc.pid] if tunnel._proc is not None else []
     try:
         yield {"direct": (f"http://127.0.0.1:{port}", []),
-               "openssh": (tunnels["openssh"].url, ssh_pids + [sshd.proc.pid]),
-               "paramiko": (tunnels["paramiko"].url, [sshd.proc.pid]),
+               "openssh": (tunnel.url, ssh_pids + [sshd.proc.pid]),
                "on-host": (f"http://127.0.0.1:{port}", [sshd.proc.pid])}
     finally:
-        for t in tunnels.values():
-            t.close()
+        tunnel.close()
         host.close()
         sshd.stop()
 
@@ -117,7 +115,7 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=1024)
     ap.add_argument("--levels", default="1,64,256")
-    ap.add_argument("--ways", default="direct,openssh,paramiko,on-host", help="Which ways in to measure (direct first).")
+    ap.add_argument("--ways", default="direct,openssh,on-host", help="Which ways in to measure (direct first).")
     ap.add_argument("--limit-s", type=float, default=90.0, help="Give up on one way in at one level after this long.")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]

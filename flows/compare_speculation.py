@@ -1,25 +1,38 @@
-"""The comparison flows: a baseline and a speculative configuration on the same host, one after
-the other (never both at once on the same GPUs), then where speculation stops paying.
+"""The comparison flows: a baseline and a speculative configuration on the same host, then where
+speculation stops paying.
 
     compare-speculation      any two server profiles
     compare-sglang-eagle3    SGLang baseline vs EAGLE-3 from a few fields (simulate: rehearse)
     compare-vllm             vLLM baseline vs its speculation (EAGLE-3, draft model, n-gram) from a few fields
     compare-local-llamacpp   llama.cpp on this machine's CPU (the main job)
 
-Retrying a failed flow run keeps whatever finished (a finished baseline, finished levels).
+Each level is measured in blocks until its verdict is decided (or its budget spent), in the design
+the decision settings name (``specsweep.designs``). Retrying a failed flow run keeps whatever
+finished (a finished baseline, finished levels).
 """
 
 # No "from __future__ import annotations" here: Prefect builds the parameter schema and
 # validates runs from the real annotation objects of a flow's signature.
 from typing import Any
 
-from flows.pipeline import ComparisonResult, benchmark_flow, compare_configurations_on
-from flows.sglang_benchmarks import SGLANG_BENCHMARK
+from prefect import get_run_logger
+from pydantic import BaseModel
+
+from specsweep import designs
+from specsweep.analysis.compare import Comparison
+from specsweep.analysis.decision import DecisionConfig
 from specsweep.bench.config import SweepConfig, WorkloadConfig
-from specsweep.decision import DecisionConfig
+from specsweep.engines.llamacpp import LlamaCppSettings
+from specsweep.engines.sglang import SGLangSettings
+from specsweep.engines.vllm import VLLMSettings
 from specsweep.hosts import HostConfig
+from specsweep.parameters import BenchmarkSettings
 from specsweep.profiles import ProfileParams, ServerProfile
-from specsweep.settings import BenchmarkSettings, LlamaCppSettings, SGLangSettings, VLLMSettings
+from tasks.arms import ServerArm
+from tasks.cleanup import benchmark_flow
+from tasks.host import hold_host
+from tasks.results import compare_configurations, publish_configuration
+from tasks.run import ConfigurationResult, prepare_run
 
 #: The main job's defaults: tiny models on two CPU cores.
 LOCAL_BENCHMARK = BenchmarkSettings(
@@ -28,6 +41,15 @@ LOCAL_BENCHMARK = BenchmarkSettings(
 )
 #: Both small servers fit side by side: blocks alternate between them without restarts.
 LOCAL_DECISION = DecisionConfig(design="alternate", alternate_by="side-by-side")
+#: The sweep an SGLang GPU host gets by default: up to 64 in flight.
+SGLANG_BENCHMARK = BenchmarkSettings(sweep=SweepConfig(concurrency=[1, 2, 4, 8, 16, 32, 64]))
+
+
+class ComparisonResult(BaseModel):
+    baseline: ConfigurationResult
+    speculative: ConfigurationResult
+    comparison: Comparison
+    results: str
 
 
 @benchmark_flow("compare-speculation", servers=lambda p: [ServerProfile.model_validate(p[k])
@@ -36,12 +58,34 @@ async def compare_speculation(baseline: ProfileParams, speculative: ProfileParam
                               benchmark: BenchmarkSettings = BenchmarkSettings(),
                               decision: DecisionConfig = DecisionConfig()) -> ComparisonResult:
     """Measure both configurations, level by level until each is decided, and say where speculation stops paying."""
-    return await compare_configurations_on(baseline, speculative, host, benchmark, decision)
+    logger = get_run_logger()
+    logger.info("comparing %s (baseline) with %s (speculative) on %s; %s design, margin ±%.0f %%", baseline.name,
+                speculative.name, host.label, decision.design if decision.design == "sequential"
+                else f"alternate ({decision.alternate_by})", decision.margin * 100)
+    if benchmark.sweep.repeats != 1:
+        logger.warning("benchmark.sweep.repeats is not used by comparisons: each level gets blocks until it is "
+                       "decided (decision.min_blocks, decision.max_requests_per_level, decision.max_seconds_per_level)")
+    if decision.design == "alternate" and decision.alternate_by == "side-by-side" and speculative.port == baseline.port:
+        speculative = speculative.model_copy(update={"port": baseline.port + 1})  # both servers up at once
+    run = await prepare_run([baseline, speculative], host, benchmark, decision)
+    sweep = benchmark.sweep
+    async with hold_host(run.host, host.block) as h:  # one benchmark per host at a time
+        base = await run.configuration(run.servers[0], h.label)
+        spec = await run.configuration(run.servers[1], h.label)
+        base_rows, spec_rows = await designs.compare(ServerArm(run, h, base), ServerArm(run, h, spec), run.points,
+                                                     decision, sweep.num_requests,
+                                                     stop_at_saturation=sweep.stop_at_saturation)
+    await publish_configuration(base.job, h.label, base_rows)
+    await publish_configuration(spec.job, h.label, spec_rows)
+    comparison = await compare_configurations(base.job.run_id, spec.job.run_id, run.store, decision)
+    return ComparisonResult(baseline=ConfigurationResult.of(base, base_rows),
+                            speculative=ConfigurationResult.of(spec, spec_rows),
+                            comparison=comparison, results=str(run.store))
 
 
 def _sglang_servers(params: dict[str, Any]) -> list[ServerProfile]:
     s = SGLangSettings.model_validate(params.get("sglang") or {})
-    return [s.profile("baseline"), s.profile("eagle3")]
+    return [s.profile("baseline"), s.profile("speculative")]
 
 
 @benchmark_flow("compare-sglang-eagle3", servers=_sglang_servers)
@@ -49,8 +93,8 @@ async def compare_sglang_eagle3(sglang: SGLangSettings = SGLangSettings(), host:
                                 benchmark: BenchmarkSettings = SGLANG_BENCHMARK,
                                 decision: DecisionConfig = DecisionConfig()) -> ComparisonResult:
     """SGLang baseline vs EAGLE-3 from a few fields (model paths, TP, port); simulate=true rehearses it."""
-    return await compare_configurations_on(sglang.profile("baseline"), sglang.profile("eagle3"),
-                                           host, benchmark, decision)
+    return await compare_speculation.fn(sglang.profile("baseline"), sglang.profile("speculative"), host, benchmark,
+                                        decision)
 
 
 def _vllm_servers(params: dict[str, Any]) -> list[ServerProfile]:
@@ -63,8 +107,7 @@ async def compare_vllm(vllm: VLLMSettings, host: HostConfig = HostConfig(),
                        benchmark: BenchmarkSettings = BenchmarkSettings(),
                        decision: DecisionConfig = DecisionConfig()) -> ComparisonResult:
     """vLLM baseline vs its speculation (method, draft model, K) from a few fields."""
-    return await compare_configurations_on(vllm.profile("baseline"), vllm.profile("speculative"), host, benchmark,
-                                           decision)
+    return await compare_speculation.fn(vllm.profile("baseline"), vllm.profile("speculative"), host, benchmark, decision)
 
 
 def _local_servers(params: dict[str, Any]) -> list[ServerProfile]:
@@ -77,5 +120,5 @@ async def compare_local_llamacpp(llamacpp: LlamaCppSettings = LlamaCppSettings()
                                  benchmark: BenchmarkSettings = LOCAL_BENCHMARK,
                                  decision: DecisionConfig = LOCAL_DECISION) -> ComparisonResult:
     """llama.cpp on this machine's CPU: baseline vs draft speculation, with tiny generated models."""
-    return await compare_configurations_on(llamacpp.profile("baseline"), llamacpp.profile("speculative"), HostConfig(),
-                                           benchmark, decision)
+    return await compare_speculation.fn(llamacpp.profile("baseline"), llamacpp.profile("speculative"), HostConfig(),
+                                        benchmark, decision)

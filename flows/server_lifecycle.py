@@ -1,34 +1,29 @@
 """server-lifecycle: kill leftovers, start a server, wait until it is healthy, kill it.
 
-A smoke test of a server configuration on a host (does it start, how long until ready),
-and the skeleton the benchmark flows build on. It holds the host like a benchmark does (a
-smoke test must not restart the server of a benchmark running there), and the server is
-killed however the flow ends: its own final kill, or the cleanup hooks.
+A smoke test of a server configuration on a host (does it start, how long until ready). It holds
+the host like a benchmark does (a smoke test must not restart the server of a benchmark running
+there), and the server is killed however the flow ends: its own final kill, or the cleanup hooks.
 """
 
 # No "from __future__ import annotations" here: Prefect builds the parameter schema and
 # validates runs from the real annotation objects of a flow's signature.
-from flows.host_lock import host_lock
-from flows.pipeline import benchmark_flow, flow_run_id, opened
-from specsweep.bench.config import RequestOptions
-from specsweep.health import HealthReport
 from specsweep.hosts import HostConfig
+from specsweep.parameters import BenchmarkSettings, LifecycleOptions
 from specsweep.profiles import ProfileParams, ServerProfile
-from specsweep.stages import LifecycleOptions
-from tasks.blocks import aresolve_host, aresolve_profile, check_allowed
-from tasks.server import served
+from specsweep.server.health import HealthReport
+from tasks.cleanup import benchmark_flow
+from tasks.host import hold_host
+from tasks.run import prepare_run
+from tasks.server import kill_server, start_server, wait_for_health
 
 
 @benchmark_flow("server-lifecycle", servers=lambda p: [ServerProfile.model_validate(p["profile"])])
-async def server_lifecycle(
-    profile: ProfileParams,
-    host: HostConfig = HostConfig(),
-    stages: LifecycleOptions = LifecycleOptions(),
-) -> HealthReport:
+async def server_lifecycle(profile: ProfileParams, host: HostConfig = HostConfig(),
+                           stages: LifecycleOptions = LifecycleOptions()) -> HealthReport:
     """Start the server, report how long it took to be ready, and kill it."""
-    server = await aresolve_profile(profile)
-    config = await aresolve_host(host)
-    check_allowed(config, [server])
-    async with host_lock(config), opened(config, host.block) as h, \
-            served(h, config, server, stages, RequestOptions(), marker=flow_run_id()) as ready:
-        return ready.ready
+    run = await prepare_run([profile], host, BenchmarkSettings(stages=stages))
+    server = run.servers[0]
+    async with hold_host(run.host, host.block) as h:
+        await kill_server(h, server, stages)  # leftovers of earlier runs
+        async with start_server(h, server, run.request_for(server), stages, marker=run.marker) as started:
+            return await wait_for_health(started)  # then kill_server, as the block ends

@@ -4,16 +4,16 @@
 # validates runs from the real annotation objects of a flow's signature.
 from typing import Literal
 
-from flows.pipeline import ConfigurationResult, ServersOf, benchmark_flow, measure_configurations
-from specsweep.bench.config import SweepConfig
+from flows.benchmark_config import benchmark_config
+from flows.compare_speculation import SGLANG_BENCHMARK
+from specsweep.engines.sglang import SGLangSettings
 from specsweep.hosts import HostConfig
-from specsweep.settings import BenchmarkSettings, SGLangSettings
+from specsweep.parameters import BenchmarkSettings
+from tasks.cleanup import ServersOf, benchmark_flow
+from tasks.run import ConfigurationResult
 
-#: The sweep an SGLang GPU host gets by default: up to 64 in flight.
-SGLANG_BENCHMARK = BenchmarkSettings(sweep=SweepConfig(concurrency=[1, 2, 4, 8, 16, 32, 64]))
 
-
-def sglang_servers(kind: Literal["baseline", "eagle3"]) -> ServersOf:
+def sglang_servers(kind: Literal["baseline", "speculative"]) -> ServersOf:
     return lambda params: [SGLangSettings.model_validate(params.get("sglang") or {}).profile(kind)]
 
 
@@ -21,13 +21,11 @@ def sglang_servers(kind: Literal["baseline", "eagle3"]) -> ServersOf:
 async def baseline_benchmark(sglang: SGLangSettings = SGLangSettings(), host: HostConfig = HostConfig(),
                              benchmark: BenchmarkSettings = SGLANG_BENCHMARK) -> ConfigurationResult:
     """SGLang without speculation, measured at every concurrency level."""
-    (result,) = await measure_configurations([sglang.profile("baseline")], host, benchmark)
-    return result
+    return await benchmark_config.fn(sglang.profile("baseline"), host, benchmark)
 
 
-@benchmark_flow("eagle3-benchmark", servers=sglang_servers("eagle3"))
+@benchmark_flow("eagle3-benchmark", servers=sglang_servers("speculative"))
 async def eagle3_benchmark(sglang: SGLangSettings = SGLangSettings(), host: HostConfig = HostConfig(),
                            benchmark: BenchmarkSettings = SGLANG_BENCHMARK) -> ConfigurationResult:
     """SGLang with EAGLE-3 speculative decoding, measured at every concurrency level."""
-    (result,) = await measure_configurations([sglang.profile("eagle3")], host, benchmark)
-    return result
+    return await benchmark_config.fn(sglang.profile("speculative"), host, benchmark)

@@ -1,13 +1,12 @@
 """tune-speculation: a grid of speculative settings x the concurrency levels, against one baseline.
 
-The baseline is measured once, then each grid point in turn, its server restarted with
-that point's settings (one server at a time on the host). Each level gets blocks until
-its verdict against the baseline is decided, as in a comparison's sequential design. The
-answer (``specsweep.tuning``): the best setting per concurrency range, as vLLM's
-``num_speculative_tokens_per_batch_size`` or SGLang's adaptive file.
+The baseline is measured once, then each grid point in turn, its server restarted with that
+point's settings (one server at a time on the host): the sequential design
+(``specsweep.designs``). The answer (``specsweep.analysis.tuning``): the best setting per
+concurrency range, in the per-batch form the engine loads.
 
-Retrying a failed flow run keeps every configuration that finished (the baseline, finished
-grid points) and measures only the rest.
+Retrying a failed flow run keeps every configuration that finished (the baseline, finished grid
+points) and measures only the rest.
 """
 
 # No "from __future__ import annotations" here: Prefect builds the parameter schema and
@@ -17,19 +16,24 @@ from typing import Any
 from prefect import get_run_logger
 from pydantic import BaseModel, Field
 
-from flows.host_lock import host_lock
-from flows.pipeline import ConfigurationResult, benchmark_flow, measure_configuration, opened, prepare
-from specsweep.decision import DecisionConfig, baseline_needs_more, speculative_needs_more
+from specsweep import designs, engines
+from specsweep.analysis.decision import DecisionConfig
+from specsweep.analysis.tuning import GridPoint, Tuning, grid_points, point_settings
+from specsweep.engines.llamacpp import LlamaCppSettings
+from specsweep.engines.sglang import SGLangSettings
+from specsweep.engines.vllm import VLLMSettings
 from specsweep.errors import ConfigError
 from specsweep.hosts import HostConfig
+from specsweep.parameters import BenchmarkSettings
 from specsweep.profiles import ServerProfile
-from specsweep.records import LevelRow
-from specsweep.settings import BenchmarkSettings, LlamaCppSettings, SGLangSettings, VLLMSettings
-from specsweep.tuning import Engine, GridPoint, Tuning, grid_points, point_settings
-from tasks.blocks import aresolve_host, check_allowed
-from tasks.results import publish_tuning
+from tasks.arms import ServerArm
+from tasks.cleanup import benchmark_flow
+from tasks.host import hold_host
+from tasks.results import publish_configuration, publish_tuning
+from tasks.run import ConfigurationResult, prepare_run
 
 GridParam = dict[str, list[int | float]]
+EngineSettings = LlamaCppSettings | VLLMSettings | SGLangSettings
 
 
 class TuneResult(BaseModel):
@@ -39,32 +43,28 @@ class TuneResult(BaseModel):
     results: str
 
 
-EngineSettings = LlamaCppSettings | VLLMSettings | SGLangSettings
-_KINDS: dict[Engine, type[EngineSettings]] = {"llamacpp": LlamaCppSettings, "vllm": VLLMSettings,
-                                              "sglang": SGLangSettings}
-
-
-def tuning_target(params: dict[str, Any]) -> tuple[Engine, EngineSettings]:
-    """The engine and its settings: exactly one of llamacpp, vllm, sglang (none: the local llama.cpp)."""
-    given = [engine for engine in _KINDS if params.get(engine) is not None]
+def tuning_target(params: dict[str, Any]) -> EngineSettings:
+    """The engine settings: exactly one of llamacpp, vllm, sglang (none: the local llama.cpp)."""
+    given = [name for name in engines.ENGINES if params.get(name) is not None]
     if len(given) > 1:
         raise ConfigError(f"give the settings of one engine, not {' and '.join(given)}: a grid tunes one server")
     if not given:
-        return "llamacpp", LlamaCppSettings()
-    engine, value = given[0], params[given[0]]
-    return engine, value if isinstance(value, _KINDS[engine]) else _KINDS[engine].model_validate(value)
+        return LlamaCppSettings()
+    kind = engines.get(given[0]).settings
+    value = params[given[0]]
+    settings = value if isinstance(value, kind) else kind.model_validate(value)
+    assert isinstance(settings, EngineSettings)
+    return settings
 
 
-def grid_profiles(params: dict[str, Any]) -> tuple[Engine, ServerProfile, list[tuple[GridPoint, ServerProfile]]]:
-    """The baseline's profile and each grid point's, from the flow's parameters."""
-    engine, settings = tuning_target(params)
-    points = grid_points(engine, params.get("grid"), settings)
+def grid_profiles(params: dict[str, Any]) -> tuple[str, ServerProfile, list[tuple[GridPoint, ServerProfile]]]:
+    """The engine's name, the baseline's profile and each grid point's, from the flow's parameters."""
+    settings = tuning_target(params)
     out = []
-    for point in points:
-        variant = point_settings(settings, point.values, point.label)
-        profile = variant.profile("eagle3") if isinstance(variant, SGLangSettings) else variant.profile("speculative")
+    for point in grid_points(settings, params.get("grid")):
+        profile = point_settings(settings, point.values, point.label).profile("speculative")
         out.append((point, profile.model_copy(update={"name": f"{profile.name}-{point.label}"})))
-    return engine, settings.profile("baseline"), out
+    return engines.of_settings(settings).name, settings.profile("baseline"), out
 
 
 def _servers(params: dict[str, Any]) -> list[ServerProfile]:
@@ -88,23 +88,17 @@ async def tune_speculation(llamacpp: LlamaCppSettings | None = None, vllm: VLLMS
                        "turn (the sequential design)", decision.design)
     logger.info("tuning %s on %s: %d setting(s) (%s) against %s, each its own server start", engine, host.label,
                 len(points), ", ".join(p.label for p, _ in points), base.name)
-    prepared, servers = await prepare(benchmark, [base, *(p for _, p in points)])
-    host_config = await aresolve_host(host)
-    check_allowed(host_config, servers)
-    n = benchmark.sweep.num_requests
-    async with host_lock(host_config), opened(host_config, host.block) as connection:
-        base_result = await measure_configuration(servers[0], connection, host_config, prepared,
-                                                  lambda p, rows: baseline_needs_more(decision, n)(rows),
-                                                  decision=decision)
-        by_level: dict[int, list[LevelRow]] = {}
-        for r in base_result.levels:
-            by_level.setdefault(r.level_index, []).append(r)
-        results: dict[str, ConfigurationResult] = {}
-        for (point, _), profile in zip(points, servers[1:], strict=True):
-            results[point.label] = await measure_configuration(
-                profile, connection, host_config, prepared,
-                lambda p, rows: speculative_needs_more(decision, n, by_level.get(p.index, []))(rows),
-                decision=decision, only=set(by_level))
-    tuning = await publish_tuning(engine, base_result.run_id, {label: r.run_id for label, r in results.items()},
-                                  [p for p, _ in points], prepared.store, decision)
-    return TuneResult(baseline=base_result, points=results, tuning=tuning, results=str(prepared.store))
+    run = await prepare_run([base, *(p for _, p in points)], host, benchmark, decision)
+    sweep = benchmark.sweep
+    async with hold_host(run.host, host.block) as h:  # one benchmark per host at a time
+        configs = [await run.configuration(profile, h.label) for profile in run.servers]
+        rows = await designs.sequential([ServerArm(run, h, c) for c in configs], run.points, decision,
+                                        sweep.num_requests, stop_at_saturation=sweep.stop_at_saturation)
+    for config, config_rows in zip(configs, rows, strict=True):
+        await publish_configuration(config.job, h.label, config_rows)
+    by_label = {p.label: (c, r) for (p, _), c, r in zip(points, configs[1:], rows[1:], strict=True)}
+    tuning = await publish_tuning(engine, configs[0].job.run_id, {k: c.job.run_id for k, (c, _) in by_label.items()},
+                                  [p for p, _ in points], run.store, decision)
+    return TuneResult(baseline=ConfigurationResult.of(configs[0], rows[0]),
+                      points={k: ConfigurationResult.of(c, r) for k, (c, r) in by_label.items()},
+                      tuning=tuning, results=str(run.store))

@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/bootstrap.sh
-exec .venv/bin/python -m flows.demo "$@"
+exec .venv/bin/specsweep compare-local "$@"

@@ -15,6 +15,7 @@
         │   └── StartUnverifiedError  a start may have run and what it started could not be removed
         ├── ServerCrashedError   the server process died while starting
         ├── ServerUnreachableError  the server listens on its host, but the client cannot reach it
+        ├── NoAnswer             a call to the server's API got no (usable) answer in time
         ├── HealthTimeoutError   the server did not become ready in time
         └── KillError            processes or the port survived a kill, or GPU memory stayed high
 
@@ -84,6 +85,17 @@ class ServerCrashedError(ServerError):
 
 class ServerUnreachableError(ServerError):
     """The host says the server's port listens, but the client's requests cannot reach it."""
+
+
+class NoAnswer(ServerError):
+    """A call to the server's API outside the timed load got no usable answer: refused, closed, timed
+    out (the whole call, not one read), or an answer larger than the client reads."""
+
+    def __init__(self, message: str, *, refused: bool = False) -> None:
+        super().__init__(message)
+        #: Nothing answered at all (connection refused or closed at once): the server is not up yet,
+        #: or not where the client looks; not a slow answer.
+        self.refused = refused
 
 
 class HealthTimeoutError(ServerError):

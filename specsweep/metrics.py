@@ -10,7 +10,7 @@ Definitions shared with the established serving benchmarks:
 - duration: first send → last completion; throughputs count completed requests;
 - achieved concurrency: Σ E2E (sent → end) / duration;
 - peak output tokens/s: the most tokens that arrived in one 1-second bucket.
-Percentiles interpolate linearly (numpy's default), as vLLM's and SGLang's benchmarks do.
+Percentiles interpolate linearly (numpy's default), as the engines' own benchmarks do.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from specsweep import engine_metrics
 from specsweep.records import Level, LevelRow, LevelRun, RequestRecord, RequestRow
+from specsweep.server import engine_metrics
 
 STATS = ("mean", "median", "p90", "p99")
 
@@ -52,7 +52,7 @@ BURST_FRACTION = 0.25
 def arrivals(r: RequestRecord) -> list[tuple[float, int]]:
     """(time, tokens) per arrival. Chunks read at the same instant, or in one burst (closer together
     than BURST_FRACTION of the request's mean time per token), arrived together and count as one:
-    llama.cpp sends each accepted token as its own event, so a verify step that accepts four
+    an engine may send each accepted token as its own event, so a verify step that accepts four
     tokens shows as four events microseconds apart, not as four inter-token gaps."""
     times, tokens = r.chunk_times_s, r.chunk_tokens
     after_first = sum(tokens[1:])
@@ -100,7 +100,7 @@ def peak_output_tokens_per_s(records: Iterable[RequestRecord], start: float) -> 
 
 
 def spec_from_records(records: Sequence[RequestRecord]) -> dict[str, float | None]:
-    """Per-request speculation figures summed over a level (llama.cpp timings, SGLang /generate)."""
+    """Per-request speculation figures (where the engine's answers carry them) summed over a level."""
     ok = [r for r in records if r.ok]
     drafted = sum(r.spec_draft_tokens or 0 for r in ok)
     accepted = sum(r.spec_accepted_tokens or 0 for r in ok)
@@ -114,7 +114,7 @@ def spec_from_records(records: Sequence[RequestRecord]) -> dict[str, float | Non
 
 def spec_from_counters(before: dict[str, float], after: dict[str, float]) -> tuple[dict[str, float | None], str | None]:
     """A level's speculation figures from the engine's cumulative counters read around it
-    (``engine_metrics.snapshot`` of vLLM's ``/metrics``): differences, never one reading. Returns the
+    (``engine_metrics.snapshot`` of its ``/metrics``): differences, never one reading. Returns the
     figures and how they were obtained (None when the server has no such counters)."""
     diff = engine_metrics.differences(before, after)
     if "spec_draft_tokens" not in diff:

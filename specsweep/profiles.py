@@ -10,14 +10,12 @@ import json
 import shlex
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from specsweep.errors import ConfigError
 from specsweep.redact import Redactor, mask_argv, mask_env, refuse_key_parameter, secrets_in_argv, secrets_in_env
-
-Engine = Literal["sglang", "vllm", "llamacpp", "custom"]
 
 #: Set in every server's environment; inherited by all its descendants, even those that
 #: leave its session, so a kill finds them all (and leftovers of earlier runs). A kill takes
@@ -48,7 +46,8 @@ class ProfileParams(BaseModel):
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
         max_length=80,
     )
-    engine: Engine = Field("custom", description="Serving engine: sglang, vllm, llamacpp or custom.")
+    engine: str = Field("custom", pattern=r"^[a-z0-9_-]+$", description="Serving engine: one specsweep knows "
+                        "(``specsweep preset`` lists their presets), or custom for any other server.")
     description: str = Field("", max_length=1000, description="What this configuration is, for people (and how the "
                              "engine takes its API key, where that matters).")
     argv: list[str] = Field(
@@ -88,7 +87,7 @@ class ProfileParams(BaseModel):
         default_factory=list,
         description="Regular expressions that narrow the leftover kill before a start: of the processes specsweep "
         "started for this port (they carry its marker and belong to the SSH user), only those whose command line "
-        "matches one are taken (e.g. 'sglang::' and 'sglang\\.launch_server'). They never add a process specsweep "
+        "matches one are taken (e.g. 'engine::' and 'engine\\.server'). They never add a process specsweep "
         "did not start; a pattern that matches any command line is refused. Empty: every such leftover.",
     )
     api_key_secret: str | None = Field(
@@ -96,9 +95,9 @@ class ProfileParams(BaseModel):
         "and given to the server in api_key_env). Flows read it at run time, so the key never becomes a parameter."
     )
     api_key_env: str | None = Field(
-        None, description="Environment variable the engine reads its API key from (vLLM: VLLM_API_KEY; llama.cpp: "
-        "LLAMA_API_KEY): the key reaches the server through its environment, which no other user can read. "
-        "{api_key} in argv also works, for an engine that only takes a flag (SGLang's --api-key), but then every "
+        None, description="Environment variable the engine reads its API key from (each engine's presets set it): "
+        "the key reaches the server through its environment, which no other user can read. "
+        "{api_key} in argv also works, for an engine that only takes a flag (--api-key), but then every "
         "user of the host sees the key in ps.",
         pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
     )
@@ -142,7 +141,7 @@ class ProfileParams(BaseModel):
                 raise ValueError(f"cleanup pattern {p!r} is not a valid regular expression: {exc}") from None
             if not p.strip() or all(re.search(p, cmd) for cmd in _UNRELATED_COMMANDS):
                 raise ValueError(f"cleanup pattern {p!r} matches any command line: give one that names the "
-                                 "server's own processes, e.g. 'sglang::'")
+                                 "server's own processes, e.g. 'engine::'")
         return patterns
 
     @field_validator("log_path")

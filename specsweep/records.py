@@ -75,9 +75,9 @@ class RequestRecord:
     status_code: int | None = None
     error_type: str | None = None
     error_message: str | None = None
-    spec_draft_tokens: int | None = None  # llama.cpp timings.draft_n; SGLang spec_num_proposed_drafts
-    spec_accepted_tokens: int | None = None  # llama.cpp timings.draft_n_accepted; SGLang spec_num_correct_drafts
-    spec_verify_ct: int | None = None  # SGLang verify steps (meta_info or sglext)
+    spec_draft_tokens: int | None = None  # drafted tokens, where the engine's answer says (its module reads them)
+    spec_accepted_tokens: int | None = None  # of them, accepted
+    spec_verify_ct: int | None = None  # verify steps, where the engine's answer says
     response_id: str | None = None  # the server's id for the response (first event's "id")
     warmup: bool = False
 
@@ -217,7 +217,8 @@ class LevelRow(Row):
     spec_draft_tokens: float | None = None
     spec_accepted_tokens: float | None = None
     spec_acceptance_per_position: list[float] | None = Field(
-        None, description="Of the level's drafts, the share whose i-th drafted token was accepted (vLLM).")
+        None, description="Of the level's drafts, the share whose i-th drafted token was accepted (engines that "
+        "count per draft position).")
     engine_metrics: str | None = Field(None, description="Where the engine_* figures came from (/metrics), or none.")
     engine_running_mean: float | None = Field(None, description="Requests the engine ran at once (its batch), mean.")
     engine_running_max: float | None = None

@@ -101,22 +101,6 @@ class Redactor:
         return bool(self._secrets)
 
 
-class RedactingFilter(logging.Filter):
-    """A logging filter that masks secrets in each record's final message."""
-
-    def __init__(self, redactor: Redactor) -> None:
-        super().__init__()
-        self.redactor = redactor
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if self.redactor:
-            message = record.getMessage()
-            masked = self.redactor(message)
-            if masked != message:
-                record.msg, record.args = masked, None
-        return True
-
-
 class RedactingLogger(logging.LoggerAdapter[Any]):
     """Wraps any logger (a Prefect run logger included) and masks secrets in every line."""
 

@@ -6,10 +6,12 @@
                                         failures; the sweep stopped at saturation
     run_paired_levels(...)            → the same for two configurations, blocks in turn
     measure_level(target, job, level) → one level: prompts → load → records → figures → store
+    stored_level(job, level)          → a level this run already stored (a retried flow run
+                                        measures only what did not finish)
     RunRecorder                       → the run's row: running, then completed/failed/cancelled
 
 The CLI hands ``run_levels`` the plain ``measure_level``; the flows hand it their Prefect
-task (persisted, so that a retried flow run reuses finished levels) and their crash check.
+task and their crash check. ``specsweep.designs`` drives it for comparisons and grids.
 """
 
 from __future__ import annotations
@@ -25,16 +27,16 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from specsweep import engine_metrics, metrics
+from specsweep import engines, metrics
 from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
 from specsweep.bench.remote import HostLoadGenerator
 from specsweep.bench.runner import Load, run_level
-from specsweep.bench.workload import Prompt, build_prompts, local_tokenizer, prompts_digest, server_tokenizer
-from specsweep.gpu_metrics import GpuWatch, level_gpu_figures
+from specsweep.bench.workload import Prompt, Tokenizer, build_prompts, local_tokenizer, prompts_digest
 from specsweep.records import Level, LevelRow, Mode, RequestRecord, RunRow, RunStatus
-from specsweep.server_api import ServerAPI
-from specsweep.storage import StorageOptions
-from specsweep.store import ResultsStore, now_iso
+from specsweep.results import ResultsStore, now_iso
+from specsweep.server import engine_metrics
+from specsweep.server.api import ServerAPI
+from specsweep.server.gpus import GpuWatch, level_gpu_figures
 
 Measure = Callable[[Level], Awaitable[LevelRow]]
 ServerCheck = Callable[[str], Awaitable[None]]
@@ -48,26 +50,22 @@ class BenchTarget(BaseModel):
 
     base_url: str = Field(description="Server address, e.g. http://127.0.0.1:30000.", pattern=r"^https?://[^\s/]+")
     request: RequestOptions = Field(default_factory=RequestOptions, description="Endpoint, API key, sampling.")
-    engine: str = Field("custom", description="The engine behind the URL (asks SGLang for per-request speculation data).")
+    engine: str = Field(engines.CUSTOM, description="The engine behind the URL (what its requests ask for, what its "
+                        "answers carry).")
 
     def api(self) -> ServerAPI:
         return ServerAPI(self.base_url, self.request.api_key)
 
 
-class SweepJob(BaseModel):
+@dataclass(frozen=True)
+class SweepJob:
     """What every level of one run shares: which run, where it is stored, what to send."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     run_id: str
     config_name: str
-    results: str = Field(description="Results root: a path or a filesystem URL.")
-    storage: StorageOptions | None = Field(None, description="Object store credentials, when the root needs them.")
+    store: ResultsStore
     workload: WorkloadConfig
     sweep: SweepConfig
-
-    def store(self) -> ResultsStore:
-        return ResultsStore(self.results, self.storage)
 
 
 @dataclass(frozen=True)
@@ -107,6 +105,12 @@ class PromptSet:
 ENGINE_SAMPLE_S = 0.25
 
 _prompt_cache: dict[str, PromptSet] = {}
+
+
+def server_tokenizer(api: ServerAPI) -> Tokenizer:
+    """The server's /tokenize, a few calls at a time; None counts (the approximate path) where its answers
+    make no sense."""
+    return Tokenizer("server", api.count_tokens_many)
 
 
 async def _prompts(api: ServerAPI, model: str | None, workload: WorkloadConfig, count: int) -> PromptSet:
@@ -156,8 +160,13 @@ async def measure_level(
     gpu = level_gpu_figures(watch.within(run.started_at, run.started_at + run.client_wall_s)) if watch else {}
     row = metrics.level_row(run, config_name=job.config_name).model_copy(
         update={"prompts_digest": prompt_set.digest, "prompt_tokens_by": prompt_set.counted_by, **gpu})
-    job.store().write_level(job.run_id, level.key, row, metrics.request_rows(run))
+    job.store.write_level(job.run_id, level.key, row, metrics.request_rows(run))
     return row
+
+
+def stored_level(job: SweepJob, level: Level) -> LevelRow | None:
+    """The level as this run already stored it (an earlier try of the same flow run measured it), or None."""
+    return job.store.level_row(job.run_id, level.key)
 
 
 class WarmUp(BaseModel):

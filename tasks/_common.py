@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 from prefect import get_run_logger
 from prefect.client.schemas.objects import State, TaskRun
@@ -34,3 +35,9 @@ def retry_transient(task: object, task_run: TaskRun, state: State) -> bool:
     except Exception:  # noqa: BLE001 - anything else is not transient
         return False
     return False
+
+
+def artifact_key(*parts: str) -> str:
+    """Prefect artifact keys: lowercase letters, digits and dashes only."""
+    key = re.sub(r"[^a-z0-9-]+", "-", "-".join(p for p in parts if p).lower()).strip("-")
+    return re.sub(r"-{2,}", "-", key)[:100].strip("-") or "specsweep"

@@ -1,40 +1,36 @@
-"""run_concurrency_benchmark: one task per level, its result persisted where every worker reads it.
+"""run_concurrency_benchmark: one task per level (block), written to the store as soon as it ends; and
+the warm-up after a start.
 
-The cache key is the task's inputs except the server's address (a retry may reach the
-same server through another local port) and the load generator's connection, its source, and the flow run id: so a retried
-flow run reuses every level that finished, wherever it runs, and a new flow run always
-measures afresh. The level is written to the store by the task itself, as soon as it ends.
+A retried flow run keeps its run ids, so a level this run already stored is taken from the store
+(Parquet, read back as the project's own rows) and not measured again: the retry measures only what
+did not finish, on whichever worker picks it up. Nothing of Prefect's result persistence is used.
 """
 
 from __future__ import annotations
 
 from prefect import task
-from prefect.cache_policies import NO_CACHE, RUN_ID, TASK_SOURCE, Inputs
+from prefect.cache_policies import NO_CACHE
 
-from specsweep.bench.remote import HostLoadGenerator
-from specsweep.gpu_metrics import GpuWatch
 from specsweep.records import Level, LevelRow
-from specsweep.sweep import BenchTarget, SweepJob, WarmUp, measure_level, settle
+from specsweep.sweep import SweepJob, WarmUp, measure_level, settle, stored_level
 from tasks._common import run_logger
+from tasks.server import Server
 
-LEVEL_CACHE = Inputs(exclude=["target", "on_host", "gpus"]) + TASK_SOURCE + RUN_ID
 
-
-@task(name="run_concurrency_benchmark", persist_result=True, cache_policy=LEVEL_CACHE,
-      task_run_name="benchmark {job.config_name} {level}")
-async def run_concurrency_benchmark(target: BenchTarget, job: SweepJob, level: Level,
-                                    on_host: HostLoadGenerator | None = None, gpus: GpuWatch | None = None) -> LevelRow:
-    """Measure one level against the running server and store it; return its figures. ``on_host``: the
-    load generator on the server's host, when the host config puts it there; ``gpus``: the server's GPUs,
-    read with nvidia-smi while the level runs (where the host has it)."""
-    logger = run_logger()
-    if target.request.api_key:
-        logger.redactor.add(target.request.api_key.get_secret_value())
+@task(name="run_concurrency_benchmark", cache_policy=NO_CACHE, task_run_name="benchmark {job.config_name} {level}")
+async def _benchmark(server: Server, job: SweepJob, level: Level) -> LevelRow:
+    logger = run_logger(server.profile, server.host)
+    if server.target.request.api_key:
+        logger.redactor.add(server.target.request.api_key.get_secret_value())
+    if (done := stored_level(job, level)) is not None:
+        logger.info("%s %s: measured in an earlier try of this flow run: kept (%.1f output tok/s)", job.config_name,
+                    level.label, done.output_tokens_per_s)
+        return done
     sweep, workload = job.sweep, job.workload
     logger.info("%s: level %s (repeat %d) — %d requests, %d-token outputs, %d warm-up%s", job.config_name, level.label,
                 level.repeat, sweep.num_requests, workload.output_len, sweep.warmup_requests,
-                f" — load generated on {on_host.host.label}" if on_host else "")
-    row = await measure_level(target, job, level, on_host=on_host, gpus=gpus)
+                f" — load generated on {server.on_host.host.label}" if server.on_host else "")
+    row = await measure_level(server.target, job, level, on_host=server.on_host, gpus=server.gpus)
     spec = f", accept length {row.spec_accept_length:.2f}" if row.spec_accept_length else ""
     spec += f", acceptance {row.spec_acceptance_rate:.0%}" if row.spec_acceptance_rate else ""
     logger.info(
@@ -47,10 +43,18 @@ async def run_concurrency_benchmark(target: BenchTarget, job: SweepJob, level: L
     return row
 
 
+async def run_concurrency_benchmark(server: Server, job: SweepJob, level: Level) -> LevelRow:
+    """Measure one level (a block) against the running server and store it; return its figures. The load
+    runs here, or on the server's host where the host config puts it there; the server's GPUs are read
+    with nvidia-smi while it runs (where the host has it)."""
+    return await _benchmark.with_options(**server.stages.benchmark.task_options())(server, job, level)
+
+
 @task(name="warm_up", cache_policy=NO_CACHE, task_run_name="warm up {job.config_name}")
-async def warm_up(target: BenchTarget, job: SweepJob, max_requests: int = 24) -> WarmUp:
+async def warm_up(server: Server, job: SweepJob) -> WarmUp:
     """After a start: single requests until the server's time to first token settles (or a cap)."""
-    report = await settle(target, job, max_requests=max_requests)
+    max_requests = server.stages.warm_up_requests
+    report = await settle(server.target, job, max_requests=max_requests)
     if max_requests <= 0:
         return report
     shown = ", ".join(f"{x:.0f}" for x in report.ttft_ms[-6:])

@@ -1,5 +1,5 @@
-"""Prefect blocks: SSH hosts saved once (key included, as a secret) and named by flows.
-(The results location block is in ``tasks.storage``; it is registered with these.)
+"""Prefect blocks: SSH hosts and results locations saved once (keys and credentials as secrets) and
+named by flows, and the Secret blocks flows read.
 
     prefect block register -m tasks.blocks
     SSHHostBlock(hostname="gpu-01", user="bench", private_key=open("id_ed25519").read(),
@@ -19,11 +19,13 @@ import tempfile
 from pathlib import Path
 
 from prefect.blocks.core import Block
+from prefect.blocks.system import Secret
 from pydantic import Field, SecretStr
 
 from specsweep.errors import ConfigError
 from specsweep.hosts.config import HostConfig, SSHEndpoint, SSHLogin
 from specsweep.profiles import ProfileParams, ServerProfile
+from specsweep.results import ResultsLocation
 
 _known_files: dict[str, Path] = {}
 
@@ -72,7 +74,7 @@ class SSHHostBlock(Block):
     http_address: str | None = Field(None, description="Address the benchmark client uses to reach the server port.")
     allowed_commands: list[str] | None = Field(
         None, description="Commands servers may be started with on this host (the first arguments of a launch "
-        "command, e.g. '/opt/sglang/bin/python -m sglang.launch_server'); anything else is refused before it runs. "
+        "command, e.g. '/opt/engine/bin/python -m engine.server'); anything else is refused before it runs. "
         "Empty: any command, so whoever can create flow runs can run any command here.")
 
     def _known_hosts(self) -> Path | None:
@@ -95,7 +97,7 @@ class SSHHostBlock(Block):
                             **common)
                 if self.jump_hostname else None)
         address = named_by.http_address if named_by and named_by.http_address else self.http_address
-        kept = named_by.model_dump(include={"traffic", "tunnel_client", "load_generator", "host_python"}) \
+        kept = named_by.model_dump(include={"traffic", "load_generator", "host_python"}) \
             if named_by else {}
         return HostConfig(kind="ssh", ssh=target, jump=jump, http_address=address, allowed_commands=self.allowed_commands,
                           **kept)
@@ -148,8 +150,6 @@ def _with_secrets(host: HostConfig, values: dict[str, str]) -> HostConfig:
 
 
 def _load_secret(name: str, field: str) -> object:
-    from prefect.blocks.system import Secret
-
     try:
         return Secret.load(name)
     except ValueError as exc:
@@ -178,8 +178,6 @@ async def aresolve_secret(name: str | None, field: str = "api_key_secret") -> st
     """The value of a Prefect Secret block, or None when no name is given."""
     if not name:
         return None
-    from prefect.blocks.system import Secret
-
     try:
         secret = await Secret.aload(name)
     except ValueError as exc:
@@ -191,8 +189,6 @@ async def aresolve_secret(name: str | None, field: str = "api_key_secret") -> st
 
 
 def _secret_value(secret: object, name: str, field: str) -> str:
-    from prefect.blocks.system import Secret
-
     if not isinstance(secret, Secret):
         raise ConfigError(f"{field}: the block {name!r} is a {type(secret).__name__}, not a Secret")
     return str(secret.get())
@@ -209,8 +205,41 @@ async def aresolve_profile(profile: ProfileParams, field: str = "profile") -> Se
     return ServerProfile.model_validate(data)
 
 
-# Registered with ``prefect block register -m tasks.blocks`` together with the SSH host block.
-from tasks.storage import ResultsLocation  # noqa: E402
+class ResultsBlock(Block):
+    """A results root (local folder or filesystem URL) with the credentials it needs.
 
-__all__ = ["ResultsLocation", "SSHHostBlock", "aresolve_host", "aresolve_profile", "aresolve_secret", "check_allowed",
-           "record_host_keys", "resolve_host"]
+        ResultsBlock(url="s3://bench-results/specsweep", endpoint_url="http://minio:9000",
+                     access_key_id="...", secret_access_key="...").save("shared-results")
+        # then, in a run's parameters: benchmark.results_block = "shared-results"
+    """
+
+    _block_type_name = "specsweep results"
+    _block_type_slug = "specsweep-results"
+    _description = "Where specsweep keeps its Parquet results and reports."
+
+    url: str = Field(description="A local path (shared by the workers), file://, s3://bucket/prefix, gs://… .")
+    endpoint_url: str | None = Field(None, description="S3-compatible endpoint (MinIO, Ceph…); default AWS.")
+    region: str | None = Field(None, description="Bucket region.")
+    access_key_id: SecretStr | None = Field(None, description="Access key id; default from the worker's environment.")
+    secret_access_key: SecretStr | None = Field(None, description="Secret access key; default from the environment.")
+
+    def location(self) -> ResultsLocation:
+        return ResultsLocation(url=self.url, endpoint_url=self.endpoint_url, region=self.region,
+                               access_key_id=self.access_key_id, secret_access_key=self.secret_access_key)
+
+
+async def aresolve_results(results: str, results_block: str | None) -> ResultsLocation:
+    """The results location of a run: the named block's, else the path or URL parameter."""
+    if not results_block:
+        return ResultsLocation(url=results)
+    try:
+        block: object = await ResultsBlock.aload(results_block)
+    except ValueError as exc:
+        raise ConfigError(
+            f"benchmark.results_block: there is no specsweep-results block named {results_block!r} ({exc}). "
+            "Create it (ResultsBlock(url=...).save(name)) or fix the name."
+        ) from None
+    if not isinstance(block, ResultsBlock):
+        raise ConfigError(f"benchmark.results_block {results_block!r} is a {type(block).__name__}, not a "
+                          "specsweep-results block")
+    return block.location()

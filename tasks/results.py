@@ -4,31 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 from typing import Any
 
 from prefect import task
 from prefect.artifacts import acreate_link_artifact, acreate_markdown_artifact, acreate_table_artifact
 from prefect.cache_policies import NO_CACHE
 
-from specsweep import tuning as tuning_report
-from specsweep.compare import Comparison, compare_runs, comparison_markdown, report_folder, write_report
-from specsweep.decision import DecisionConfig
-from specsweep.fingerprint import host_fingerprint, server_fingerprint
+from specsweep.analysis.compare import Comparison, compare_runs
+from specsweep.analysis.decision import DecisionConfig
+from specsweep.analysis.tuning import GridPoint, Tuning, tune_runs
+from specsweep.engines import PerBatchSetting
 from specsweep.hosts import Host
-from specsweep.plots import comparison_plots, data_uri, tuning_plot
 from specsweep.records import LevelRow
-from specsweep.store import ResultsStore
+from specsweep.reports.folders import comparison_folder, tuning_folder, write_comparison_report, write_tuning_report
+from specsweep.reports.markdown import comparison_markdown, tuning_markdown
+from specsweep.reports.plots import comparison_plots, data_uri, tuning_plot
+from specsweep.results import ResultsStore
+from specsweep.server.fingerprint import host_fingerprint, server_fingerprint
 from specsweep.sweep import BenchTarget, SweepJob
-from specsweep.tuning import (
-    Engine,
-    GridPoint,
-    Tuning,
-    tune_runs,
-    tuning_markdown,
-    write_tuning_report,
-)
-from tasks._common import run_logger
+from tasks._common import artifact_key, run_logger
 
 TABLE_COLUMNS = ["concurrency", "request_rate_per_s", "repeat", "completed", "failed", "output_tokens_per_s",
                  "peak_output_tokens_per_s", "ttft_ms_median", "ttft_ms_p99", "tpot_ms_median", "tpot_ms_p99",
@@ -36,18 +30,12 @@ TABLE_COLUMNS = ["concurrency", "request_rate_per_s", "repeat", "completed", "fa
                  "client_bottleneck"]
 
 
-def artifact_key(*parts: str) -> str:
-    """Prefect artifact keys: lowercase letters, digits and dashes only."""
-    key = re.sub(r"[^a-z0-9-]+", "-", "-".join(p for p in parts if p).lower()).strip("-")
-    return re.sub(r"-{2,}", "-", key)[:100].strip("-") or "specsweep"
-
-
 @task(name="fingerprint_environment", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5)
 async def fingerprint_environment(host: Host, target: BenchTarget) -> dict[str, Any]:
     """GPU model, count and driver from the host; engine version and model from the server."""
     fp = await asyncio.to_thread(host_fingerprint, host)
     async with target.api() as api:
-        fp.update(await server_fingerprint(api))
+        fp.update(await server_fingerprint(api, target.engine))
     run_logger().info("environment: %s", ", ".join(f"{k}={v}" for k, v in fp.items() if not k.startswith("server_")))
     return fp
 
@@ -56,7 +44,7 @@ async def fingerprint_environment(host: Host, target: BenchTarget) -> dict[str, 
 async def publish_configuration(job: SweepJob, host_label: str, rows: list[LevelRow]) -> None:
     """A table artifact of the configuration's levels, and a link to its data."""
     table = [{c: (round(v, 3) if isinstance(v := getattr(r, c), float) else v) for c in TABLE_COLUMNS} for r in rows]
-    levels_url = job.store().location.url_of(f"levels/run_id={job.run_id}")
+    levels_url = job.store.location.url_of(f"levels/run_id={job.run_id}")
     await acreate_table_artifact(
         table=table, key=artifact_key(job.config_name, host_label, "levels"),
         description=f"{job.config_name} on {host_label}: one row per level (run {job.run_id}). Parquet: {levels_url}/",
@@ -64,7 +52,7 @@ async def publish_configuration(job: SweepJob, host_label: str, rows: list[Level
     await acreate_link_artifact(
         link=levels_url, link_text=f"{job.config_name} levels (Parquet, run {job.run_id})",
         key=artifact_key(job.config_name, host_label, "data"),
-        description=f"Read with pandas.read_parquet('{job.store().url}/levels'); requests/ and runs/ lie beside it.",
+        description=f"Read with pandas.read_parquet('{job.store.url}/levels'); requests/ and runs/ lie beside it.",
     )
 
 
@@ -78,9 +66,10 @@ async def compare_configurations(
     """Compare the two runs from the store, write the report folder, publish the report."""
     logger = run_logger()
     comp = compare_runs(store, baseline_run_id, speculative_run_id, decision=decision)
-    urls = await asyncio.to_thread(write_report, comp, store)
-    images = "\n\n".join(f"![{name}]({data_uri(png)})" for name, png in comparison_plots(comp).items())
-    folder = store.location.url_of(report_folder(comp))
+    plots = comparison_plots(comp)
+    urls = await asyncio.to_thread(write_comparison_report, comp, store, plots)
+    images = "\n\n".join(f"![{name}]({data_uri(png)})" for name, png in plots.items())
+    folder = store.location.url_of(comparison_folder(comp))
     where = (f"### Data\n\n- levels: `{store.url}/levels/run_id={baseline_run_id}/` and `.../run_id={speculative_run_id}/`\n"
              f"- requests: `{store.url}/requests/` (same partitions)\n- runs: `{store.url}/runs/`\n"
              f"- this report and its plots: `{folder}/`\n"
@@ -95,23 +84,24 @@ async def compare_configurations(
     for lv in comp.levels:
         logger.info("  C=%d: %s, ratio %.3f [%s], %d/%d blocks", lv.concurrency, lv.verdict, lv.ratio,
                     f"{lv.ratio_low:.3f}, {lv.ratio_high:.3f}" if lv.ratio_low and lv.ratio_high else "-", *lv.blocks)
-    _log_engine_settings(comp.vllm_speculative_config, comp.sglang_adaptive_config, folder)
+    _log_engine_setting(comp.setting, folder)
     return comp
 
 
 @task(name="publish_tuning", cache_policy=NO_CACHE)
-async def publish_tuning(engine: Engine, baseline_run_id: str, point_runs: dict[str, str], points: list[GridPoint],
+async def publish_tuning(engine: str, baseline_run_id: str, point_runs: dict[str, str], points: list[GridPoint],
                          store: ResultsStore, decision: DecisionConfig) -> Tuning:
     """The grid's answer from the store: the report folder, a markdown artifact, the log."""
     logger = run_logger()
     tuning = tune_runs(store, engine, baseline_run_id, point_runs, points, decision)
-    urls = await asyncio.to_thread(write_tuning_report, tuning, store)
-    folder = store.location.url_of(tuning_report.report_folder(tuning))
+    plot = tuning_plot(tuning)
+    urls = await asyncio.to_thread(write_tuning_report, tuning, store, plot)
+    folder = store.location.url_of(tuning_folder(tuning))
     runs = ", ".join(f"`{r}`" for r in (baseline_run_id, *point_runs.values()))
     where = (f"### Data\n\n- levels: `{store.url}/levels/` (runs {runs})\n- this report: `{folder}/`\n"
              f"- read them: `pandas.read_parquet('{store.url}/levels')`")
     key = artifact_key("tuning", tuning.host or "", tuning.baseline)
-    markdown = tuning_markdown(tuning) + f"\n\n![speedup]({data_uri(tuning_plot(tuning))})\n\n" + where
+    markdown = tuning_markdown(tuning) + f"\n\n![speedup]({data_uri(plot)})\n\n" + where
     await acreate_markdown_artifact(markdown=markdown, key=key, description=tuning.summary[:500])
     await acreate_link_artifact(link=urls["report"], link_text="report.md (the engine's settings beside it)",
                                 key=artifact_key(key, "report"), description=tuning.summary[:500])
@@ -119,15 +109,13 @@ async def publish_tuning(engine: Engine, baseline_run_id: str, point_runs: dict[
     for lv in tuning.levels:
         logger.info("  C=%d: best %s (%s, x%.3f); %s", lv.concurrency, lv.best, lv.verdict, lv.ratio,
                     ", ".join(f"{k} x{p.ratio:.3f} {p.verdict}" for k, p in lv.points.items()))
-    _log_engine_settings(tuning.vllm_speculative_config, tuning.sglang_adaptive_config, folder)
+    _log_engine_setting(tuning.setting, folder)
     return tuning
 
 
-def _log_engine_settings(vllm: dict[str, Any] | None, sglang: dict[str, Any] | None, folder: str) -> None:
-    """The answer in the engines' own forms, and where the report is, in the run's log."""
+def _log_engine_setting(setting: PerBatchSetting | None, folder: str) -> None:
+    """The answer in the engine's own form, and where the report is, in the run's log."""
     logger = run_logger()
-    if vllm is not None:
-        logger.info("vLLM --speculative-config %s", json.dumps(vllm))
-    if sglang is not None:
-        logger.info("SGLang --speculative-adaptive-config: %s", json.dumps(sglang))
+    if setting is not None and setting.file_name is not None:
+        logger.info("%s: %s (%s)", setting.file_name, json.dumps(setting.content), setting.flags)
     logger.info("report: %s", folder)

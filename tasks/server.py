@@ -1,97 +1,87 @@
-"""Server lifecycle tasks: kill_server, start_server, wait_for_health; and ``served``, which
-runs them in order and guarantees the final kill.
+"""The server lifecycle stages as Prefect tasks: kill_server, start_server, wait_for_health.
 
-All three act on a host, so none is ever cached (a retried flow run always kills and
-starts again). They take the open ``Host`` the flow holds (one connection per run).
-Blocking SSH work runs in a thread so that ``timeout_seconds`` can interrupt the task (an
-async task that blocks ignores its timeout). Retries and timeouts are task options; flows
-override them with ``.with_options`` from the ``stages`` parameter.
+All three act on a host, so none is ever cached (a retried flow run always kills and starts
+again). They take the open ``Host`` the flow holds (one connection per run). Blocking SSH work
+runs in a thread so that a task's timeout can interrupt it (an async task that blocks ignores its
+timeout). Retries and timeouts are the run's ``stages`` parameter (``LifecycleOptions``), applied
+here to each call.
+
+``start_server`` is used as ``async with``: however the block ends, the final ``kill_server``
+takes this start's server, and only it (by its start's token), and the client's path to it
+(a tunnel for an SSH host) is closed. A start is recorded (``tasks.started``) before it is sent,
+so that the cleanup hooks of a run that crashed find the server it started.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from specsweep import health, lifecycle
 from specsweep.bench.config import RequestOptions
-from specsweep.gpu_metrics import GpuWatch
-from specsweep.hosts import Host, HostConfig
-from specsweep.lifecycle import KillReport, ServerHandle
+from specsweep.bench.remote import HostLoadGenerator, on_host
+from specsweep.hosts import Host
+from specsweep.hosts.tunnel import ServerPath, open_path
+from specsweep.parameters import LifecycleOptions
 from specsweep.profiles import ServerProfile
-from specsweep.server_api import ServerAPI
-from specsweep.stages import LifecycleOptions
+from specsweep.server import health, lifecycle
+from specsweep.server.api import ServerAPI
+from specsweep.server.gpus import GpuWatch
+from specsweep.server.lifecycle import KillReport, ServerHandle
 from specsweep.sweep import BenchTarget
-from specsweep.tunnel import ServerPath, open_path
 from tasks._common import retry_transient, run_logger
 from tasks.started import StartRecord, forget_start, record_start
 
 
 @task(name="kill_server", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[2, 5], timeout_seconds=900)
-async def kill_server(host: Host, profile: ServerProfile, handle: ServerHandle | None = None,
-                      token: str | None = None) -> KillReport:
-    """Stop the server of ``handle`` (or of the start ``token``), else specsweep's leftovers for the
-    profile's port (the SSH user's processes that carry its marker); verify nothing is left."""
+async def _kill(host: Host, profile: ServerProfile, handle: ServerHandle | None = None,
+                token: str | None = None) -> KillReport:
     logger = run_logger(profile, host)
     return await asyncio.to_thread(lifecycle.kill_server, host, profile, handle, token=token, logger=logger)
 
 
-@task(
-    name="start_server",
-    cache_policy=NO_CACHE,
-    retries=1,
-    retry_delay_seconds=5,
-    retry_condition_fn=retry_transient,
-    timeout_seconds=300,
-)
-async def start_server(host: Host, profile: ServerProfile, kill_port_holder: bool = False,
-                       token: str | None = None) -> ServerHandle:
-    """Launch the server detached, its environment carrying the start's ``token``; a busy port is an
-    error unless kill_port_holder is set (and the holder is the SSH user's). Sent once: a retry
-    follows only a start that was not sent, or one whose processes were found and removed."""
+async def kill_server(host: Host, profile: ServerProfile, stages: LifecycleOptions | None = None, *,
+                      handle: ServerHandle | None = None, token: str | None = None) -> KillReport:
+    """Stop the server of ``handle`` (or of the start ``token``), else specsweep's leftovers for the
+    profile's port (the SSH user's processes that carry its marker); verify nothing is left."""
+    return await _kill.with_options(**(stages or LifecycleOptions()).kill.task_options())(host, profile, handle, token)
+
+
+@task(name="start_server", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5, retry_condition_fn=retry_transient,
+      timeout_seconds=300)
+async def _start(host: Host, profile: ServerProfile, kill_port_holder: bool = False, token: str | None = None) -> ServerHandle:
     logger = run_logger(profile, host)
     return await asyncio.to_thread(lifecycle.start_server, host, profile, kill_port_holder=kill_port_holder,
                                    token=token, logger=logger)
 
 
-@task(name="wait_for_health", cache_policy=NO_CACHE, retries=0)
-async def wait_for_health(host: Host, profile: ServerProfile, handle: ServerHandle, path: ServerPath | str,
-                          timeout_s: float | None = None) -> health.HealthReport:
-    """Poll the health path until ready, forwarding new server log lines into the run log. ``path``: the
-    client's way to the server (``open_server_path``), or the URL of a server it reaches directly."""
-    logger = run_logger(profile, host)
-    if isinstance(path, str):
-        path = ServerPath(path)
-    async with ServerAPI(path.url, profile.api_key) as api:
-        return await health.wait_for_health(host, profile, handle, api, path=path, timeout_s=timeout_s, logger=logger,
-                                            on_log_line=lambda line: logger.info("[server] %s", line))
-
-
-@task(name="open_server_path", cache_policy=NO_CACHE, persist_result=False, retries=0, timeout_seconds=120)
-async def open_server_path(host: Host, config: HostConfig, profile: ServerProfile, marker: str) -> ServerPath:
+@task(name="open_server_path", cache_policy=NO_CACHE, retries=0, timeout_seconds=120)
+async def open_server_path(host: Host, profile: ServerProfile, marker: str) -> ServerPath:
     """The client's way to the server: for an SSH host, a tunnel over SSH to the server's port there."""
-    path = await asyncio.to_thread(open_path, host, config, profile.host, profile.port, marker=marker)
+    path = await asyncio.to_thread(open_path, host, profile.host, profile.port, marker=marker)
     run_logger(profile, host).info("%s: the client reaches it at %s (%s)", profile.name, path.url, path.how)
     return path
 
 
 @dataclass
-class Served:
-    """A server this run started and that is ready: where to send requests, and its crash check."""
+class Server:
+    """A server this run started: where to send requests, its GPUs, its crash check."""
 
     host: Host
     profile: ServerProfile
+    stages: LifecycleOptions
     handle: ServerHandle
-    ready: health.HealthReport
-    target: BenchTarget
     path: ServerPath
+    target: BenchTarget
     gpus: GpuWatch | None = None  # the server's GPUs, where the host has nvidia-smi
+    on_host: HostLoadGenerator | None = None  # the load generator on the host, where the host config puts it
+    ready: health.HealthReport | None = None
+    killed: KillReport | None = None  # the final kill's report, once the server is gone
 
     PATH_WAIT_S = 30.0
 
@@ -112,46 +102,41 @@ class Served:
 
 
 @asynccontextmanager
-async def served(host: Host, config: HostConfig, profile: ServerProfile, stages: LifecycleOptions,
-                 request: RequestOptions, *, marker: str) -> AsyncIterator[Served]:
-    """kill leftovers → the client's path (a tunnel for an SSH host) → start → wait until ready; and,
-    however the block ends, the final kill (of this start's server only) and the path closed.
+async def start_server(host: Host, profile: ServerProfile, request: RequestOptions, stages: LifecycleOptions, *,
+                       marker: str) -> AsyncIterator[Server]:
+    """Launch the server detached (its environment carrying this start's token), and, however the block
+    ends, kill it (by that token: this start's server only) and close the client's path to it.
 
-    A final kill that cannot reach the server is an error of its own (the server may still be
-    running); when the block failed already, it is added to that error as a note. ``marker``
-    (the flow run's id) names this run's tunnels and its record of the start (``tasks.started``),
-    by which the cleanup hooks of a run that crashed find the server it started, and only that.
-    """
-    kill = kill_server.with_options(**stages.kill.task_options())
-    await kill(host, profile)
-    handle = None
+    The start is sent once: a retry follows only a start that was not sent, or one whose processes were
+    found and removed. A final kill that cannot reach the server is an error of its own (the server may
+    still be running); when the block failed already, it is added to that error as a note. ``marker``
+    (the flow run's id) names this run's tunnels and its record of the start, by which the cleanup hooks
+    of a run that crashed find the server it started, and only that."""
     token = lifecycle.new_token()
-    record = StartRecord(flow_run=marker, host=host.label, profile=profile.name, port=profile.port, token=token) \
-        if marker else None
-    path = await open_server_path(host, config, profile, marker)
+    record = StartRecord(flow_run=marker, host=host.label, profile=profile.name, port=profile.port, token=token)
+    path = await open_server_path(host, profile, marker)
+    handle = None
     try:
-        if record is not None:
-            await record_start(record)
-        start = start_server.with_options(**stages.start.task_options())
-        handle = await start(host, profile, stages.kill_port_holder, token)
-        ready = await wait_for_health.with_options(**stages.wait.task_options())(host, profile, handle, path)
-        target = BenchTarget(base_url=path.url, request=request, engine=profile.engine)
+        generator = await asyncio.to_thread(on_host, host, profile.host, profile.port)  # checked before the start
+        await record_start(record)
+        handle = await _start.with_options(**stages.start.task_options())(host, profile, stages.kill_port_holder, token)
         gpus = GpuWatch(host, handle.cuda_visible_devices) if await asyncio.to_thread(host.which, "nvidia-smi") else None
-        yield Served(host, profile, handle, ready, target, path, gpus)
+        target = BenchTarget(base_url=path.url, request=request, engine=profile.engine)
+        server = Server(host, profile, stages, handle, path, target, gpus, generator)
+        yield server
     except BaseException as exc:
-        problem = await _final_kill(kill, host, profile, handle, token)
+        problem = await _final_kill(host, profile, stages, handle, token)
         await asyncio.to_thread(path.close)
         if problem is not None:
             exc.add_note(f"the server may still be running: {problem}")
-        elif record is not None:
+        else:
             await _forget(record)
         raise
-    problem = await _final_kill(kill, host, profile, handle, token)
+    problem = await _final_kill(host, profile, stages, handle, token, server)
     await asyncio.to_thread(path.close)
     if problem is not None:
         raise problem
-    if record is not None:
-        await _forget(record)
+    await _forget(record)
 
 
 async def _forget(record: StartRecord) -> None:
@@ -161,13 +146,15 @@ async def _forget(record: StartRecord) -> None:
         run_logger().warning("could not remove the record of start %s: %s", record.token[:8], exc)
 
 
-async def _final_kill(kill: Callable[..., Awaitable[KillReport]], host: Host, profile: ServerProfile,
-                      handle: ServerHandle | None, token: str) -> Exception | None:
+async def _final_kill(host: Host, profile: ServerProfile, stages: LifecycleOptions, handle: ServerHandle | None,
+                      token: str, server: Server | None = None) -> Exception | None:
     """The final kill of this start's server (by its token), however the run ends; the error when the
     server could not be reached."""
     logger = run_logger(profile, host)
     try:
-        await kill(host, profile, handle, token)
+        report = await kill_server(host, profile, stages, handle=handle, token=token)
+        if server is not None:
+            server.killed = report
         return None
     except BaseException as exc:  # noqa: BLE001 - the server must go even if Prefect cannot run a task now
         logger.warning("kill_server task could not run (%s): killing directly", exc)
@@ -179,3 +166,18 @@ async def _final_kill(kill: Callable[..., Awaitable[KillReport]], host: Host, pr
                      "kills it before it starts, or run `specsweep server kill` with this profile.",
                      profile.name, host.label, exc)
         return exc
+
+
+@task(name="wait_for_health", cache_policy=NO_CACHE, retries=0)
+async def _wait(server: Server) -> health.HealthReport:
+    profile, host = server.profile, server.host
+    logger = run_logger(profile, host)
+    async with ServerAPI(server.path.url, profile.api_key) as api:
+        return await health.wait_for_health(host, profile, server.handle, api, path=server.path, logger=logger,
+                                            on_log_line=lambda line: logger.info("[server] %s", line))
+
+
+async def wait_for_health(server: Server) -> health.HealthReport:
+    """Poll the health path until ready, forwarding new server log lines into the run log."""
+    server.ready = await _wait.with_options(**server.stages.wait.task_options())(server)
+    return server.ready

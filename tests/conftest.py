@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from specsweep.health import HealthReport
 from specsweep.hosts import Host
 from specsweep.hosts.config import HostConfig, SSHEndpoint
-from specsweep.lifecycle import ServerHandle
 from specsweep.profiles import ServerProfile
+from specsweep.server.health import HealthReport
+from specsweep.server.lifecycle import ServerHandle
 from tests.helpers.sshd import SSHServer, free_port, keygen, start_sshd
 
 REPO = Path(__file__).resolve().parents[1]
@@ -125,9 +125,9 @@ def prefect_harness() -> Iterator[None]:
 
 async def wait_ready(host: Host, profile: ServerProfile, handle: ServerHandle, *, url: str | None = None,
                      **kwargs: Any) -> HealthReport:
-    """specsweep.health.wait_for_health against the server's port on this machine (or ``url``)."""
-    from specsweep.health import wait_for_health
-    from specsweep.server_api import ServerAPI
+    """specsweep.server.health.wait_for_health against the server's port on this machine (or ``url``)."""
+    from specsweep.server.api import ServerAPI
+    from specsweep.server.health import wait_for_health
 
     async with ServerAPI(url or f"http://127.0.0.1:{profile.port}", profile.api_key) as api:
         return await wait_for_health(host, profile, handle, api, **kwargs)

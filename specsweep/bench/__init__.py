@@ -2,5 +2,5 @@
 
 Data flows one way: ``workload`` (prompts) → ``runner`` (one level of load, through
 ``client``, which streams one request) → ``records`` → ``specsweep.metrics`` (pure
-functions) → ``specsweep.store`` (Parquet).
+functions) → ``specsweep.results.store`` (Parquet).
 """

@@ -1,16 +1,17 @@
 """Stream one request and record what arrived, when.
 
-The timed path uses specsweep's minimal HTTP/1.1 client (``http1``): requests are bytes
+The timed path uses specsweep's minimal HTTP/1.1 client (``specsweep.server.http1``): requests are bytes
 prepared before the level, connections are opened before the clock starts, and each read
 is stamped with the kernel's receive time. General clients cost more per request than a
 streamed token's budget allows (see benchmarks/client_speed.py); everything outside the
 timed path uses httpx.
 
 One function per wire format rather than per engine: OpenAI completions, OpenAI chat,
-and SGLang's native /generate. Timing is taken when bytes arrive from the network, so
+and the native /generate; what an engine adds to requests, and where its answers carry
+speculation figures, comes from its module (``specsweep.engines``). Timing is taken when bytes arrive from the network, so
 events that arrive in one read share a timestamp (as they reached the client together).
 Tokens per chunk come from the server's running usage count when it sends one
-(``continuous_usage_stats``, SGLang's ``meta_info``); otherwise one per chunk, rescaled
+(``continuous_usage_stats``, /generate's ``meta_info``); otherwise one per chunk, rescaled
 to the final ``usage`` when that differs, so that ITL under speculation is per token.
 """
 
@@ -24,19 +25,20 @@ from typing import Any
 
 import orjson
 
+from specsweep import engines
 from specsweep.bench.config import RequestOptions
-from specsweep.bench.http1 import ConnectionLost, HTTPStatusError, Pool, ProtocolError
 from specsweep.bench.workload import Prompt
 from specsweep.records import RequestRecord
+from specsweep.server.http1 import ConnectionLost, HTTPStatusError, Pool, ProtocolError
 
 PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions", "generate": "/generate"}
 _perf = time.perf_counter
 
 
 def request_body(opts: RequestOptions, prompt: Prompt, output_len: int, model: str | None,
-                 engine: str = "custom") -> dict[str, Any]:
-    """The JSON body of one streamed request. SGLang is asked for its per-request speculation
-    figures (``return_spec_tokens_details``), which it answers under ``sglext``."""
+                 engine: str = engines.CUSTOM) -> dict[str, Any]:
+    """The JSON body of one streamed request, with what the engine asks to be sent (its per-request
+    speculation figures, where it has them)."""
     if opts.endpoint == "generate":
         body: dict[str, Any] = {
             "text": prompt.text,
@@ -53,8 +55,7 @@ def request_body(opts: RequestOptions, prompt: Prompt, output_len: int, model: s
         }
         if model:
             body["model"] = model
-        if engine == "sglang":
-            body["return_spec_tokens_details"] = True
+        body.update(engines.request_fields(engine))
         if opts.endpoint == "chat":
             body["messages"] = [{"role": "user", "content": prompt.text}]
         else:
@@ -71,10 +72,12 @@ def _spread(total: int, n: int) -> list[int]:
 class _Parser:
     """Incremental SSE parser for one response."""
 
-    __slots__ = ("endpoint", "rec", "buf", "done", "malformed", "usage_tokens", "running", "gen_text_len", "gen_tokens")
+    __slots__ = ("endpoint", "rec", "buf", "done", "malformed", "usage_tokens", "running", "gen_text_len", "gen_tokens",
+                 "read_engine_fields")
 
-    def __init__(self, endpoint: str, rec: RequestRecord) -> None:
+    def __init__(self, endpoint: str, rec: RequestRecord, read_engine_fields: engines.EventReader) -> None:
         self.endpoint = endpoint
+        self.read_engine_fields = read_engine_fields
         self.rec = rec
         self.buf = b""
         self.done = False
@@ -126,8 +129,7 @@ class _Parser:
             if isinstance(tokens, int):
                 self.gen_tokens = tokens
                 self.usage_tokens = tokens
-            if isinstance(meta.get("spec_verify_ct"), int):
-                rec.spec_verify_ct = meta["spec_verify_ct"]
+            self.read_engine_fields(ev, rec)
             if isinstance(meta.get("prompt_tokens"), int):
                 rec.prompt_tokens, rec.prompt_tokens_exact = meta["prompt_tokens"], True
             if meta.get("finish_reason"):
@@ -155,18 +157,7 @@ class _Parser:
             self.usage_tokens = running
         if isinstance(usage, dict) and isinstance(usage.get("prompt_tokens"), int):
             rec.prompt_tokens, rec.prompt_tokens_exact = usage["prompt_tokens"], True
-        sglext = ev.get("sglext")
-        if isinstance(sglext, dict) and isinstance(sglext.get("spec_tokens_details"), dict):
-            d = sglext["spec_tokens_details"]
-            if isinstance(d.get("spec_verify_ct"), int):
-                rec.spec_verify_ct = d["spec_verify_ct"]
-            if isinstance(d.get("spec_num_proposed_drafts"), int) and isinstance(d.get("spec_num_correct_drafts"), int):
-                rec.spec_draft_tokens = d["spec_num_proposed_drafts"]
-                rec.spec_accepted_tokens = d["spec_num_correct_drafts"]
-        timings = ev.get("timings")
-        if isinstance(timings, dict) and "draft_n" in timings:
-            rec.spec_draft_tokens = int(timings.get("draft_n") or 0)
-            rec.spec_accepted_tokens = int(timings.get("draft_n_accepted") or 0)
+        self.read_engine_fields(ev, rec)
 
     def _chunk(self, now: float, k: int) -> None:
         rec = self.rec
@@ -198,13 +189,14 @@ def _os_error(exc: OSError) -> tuple[str, str]:
     return name, str(exc) or name
 
 
-async def stream_request(pool: Pool, raw: bytes, rec: RequestRecord, endpoint: str, timeout_s: float) -> RequestRecord:
+async def stream_request(pool: Pool, raw: bytes, rec: RequestRecord, endpoint: str, timeout_s: float,
+                         read_engine_fields: engines.EventReader | None = None) -> RequestRecord:
     """Send one streamed request (``raw``: the whole HTTP request, prepared) and fill ``rec``.
 
     Errors become fields of the record, never exceptions (except cancellation, which
     keeps the partial record and propagates).
     """
-    parser = _Parser(endpoint, rec)
+    parser = _Parser(endpoint, rec, read_engine_fields or engines.EventReader(engines.CUSTOM))
 
     def sent() -> None:
         rec.sent_s = _perf()

@@ -20,7 +20,7 @@ class RequestParams(BaseModel):
 
     endpoint: Endpoint = Field(
         "completions",
-        description="completions: /v1/completions; chat: /v1/chat/completions; generate: SGLang's native /generate.",
+        description="completions: /v1/completions; chat: /v1/chat/completions; generate: the native /generate.",
     )
     model: str | None = Field(None, description="Model name sent in the request; default: the server's first model.")
     api_key_secret: str | None = Field(

@@ -31,6 +31,7 @@ from specsweep.bench.workload import Prompt
 from specsweep.errors import ConfigError, HostError
 from specsweep.hosts.base import Host
 from specsweep.records import Level, LevelRun
+from specsweep.server.api import ServerAPI
 
 #: Bumped whenever the payload changes: both sides must speak the same one.
 PROTOCOL = 2  # 2: the engine's /metrics snapshots (engine_before/after) replace spec_before/after
@@ -109,9 +110,18 @@ class HostLoadGenerator:
         return run_from_wire(level, orjson.loads(result.stdout))
 
 
-async def _serve(wire: dict[str, Any]) -> dict[str, Any]:
-    from specsweep.server_api import ServerAPI
+def on_host(host: Host, bind: str, port: int) -> HostLoadGenerator | None:
+    """The load generator on the server's host, where the host's config puts it (``load_generator:
+    host``), checked before any level; None where the load is generated here."""
+    if host.config.load_generator != "host" or host.config.kind != "ssh":
+        return None
+    local = "127.0.0.1" if bind in ("0.0.0.0", "::", "localhost", "") else bind
+    generator = HostLoadGenerator(host, host.config.host_python, f"http://{local}:{port}")
+    generator.check()
+    return generator
 
+
+async def _serve(wire: dict[str, Any]) -> dict[str, Any]:
     load, level = load_from_wire(wire["load"]), Level(**wire["level"])
     async with ServerAPI(load.base_url, load.request.api_key) as api:
         return run_to_wire(await run_level(load, level, counters=api.engine_snapshot))

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 import random
+import resource
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -23,12 +23,13 @@ from typing import Any
 
 import orjson
 
+from specsweep import engines
 from specsweep.bench.client import PATHS, request_body, stream_request
 from specsweep.bench.config import RequestOptions, SweepConfig
-from specsweep.bench.http1 import Pool
 from specsweep.bench.workload import Prompt
+from specsweep.errors import ConfigError
 from specsweep.records import Level, LevelRun, RequestRecord
-from specsweep.server_api import bearer
+from specsweep.server.http1 import Pool, bearer
 
 FD_MARGIN = 64
 
@@ -39,10 +40,6 @@ def ensure_fd_limit(connections: int) -> int:
     Raises the soft limit up to the hard one when needed; beyond that, a clear error before
     the level starts rather than failed connections in the middle of it.
     """
-    import resource
-
-    from specsweep.errors import ConfigError
-
     need = connections + FD_MARGIN
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < need:
@@ -157,7 +154,7 @@ class Load:
     output_len: int
     sweep: SweepConfig
     model: str | None = None
-    engine: str = "custom"
+    engine: str = engines.CUSTOM
 
     @property
     def count(self) -> int:
@@ -197,17 +194,19 @@ async def run_level_in_process(
                                                                                load.engine)), headers)
             for p in prompts]
 
+    reader = engines.EventReader(load.engine)
+
     async def send(rec: RequestRecord, i: int) -> None:
         p = prompts[i % len(prompts)]
         if p.input_tokens is not None:
             rec.prompt_tokens, rec.prompt_tokens_exact = p.input_tokens, p.exact
-        await stream_request(pool, raws[i % len(raws)], rec, opts.endpoint, opts.timeout_s)
+        await stream_request(pool, raws[i % len(raws)], rec, opts.endpoint, opts.timeout_s, reader)
         if on_request is not None and i >= 0:
             on_request(rec)
 
     async def warm_send(rec: RequestRecord, i: int) -> None:
         rec.warmup = True
-        await stream_request(pool, raws[i % len(raws)], rec, opts.endpoint, opts.timeout_s)
+        await stream_request(pool, raws[i % len(raws)], rec, opts.endpoint, opts.timeout_s, reader)
 
     if warmup:
         warm = await _closed_loop(warm_send, min(conc, warmup), warmup, None, -warmup)
@@ -325,6 +324,3 @@ def sweep_seed(level: Level) -> int:
     return (int(level.value * 1000) * 7919 + level.repeat * 104729 + (0 if level.mode == "concurrency" else 15485863)) \
         & 0x7FFFFFFF
 
-
-def cpu_count() -> int:
-    return len(os.sched_getaffinity(0))

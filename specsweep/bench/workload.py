@@ -2,9 +2,14 @@
 
 Lengths are exact where a tokenizer counts them: the model's own ``tokenizer.json`` read
 locally (``workload.tokenizer``; milliseconds for thousands of prompts), else the server's
-``POST /tokenize`` (llama.cpp, vLLM and SGLang answer it), a few calls at a time. Synthetic
-prompts are then grown or trimmed to the exact count, all of them in each round. Without
-a tokenizer they are approximate (words × 1.3) and labelled so.
+``POST /tokenize``, a few calls at a time (only where its answers make sense: see
+``specsweep.server.api``). Without a tokenizer they are approximate (words × 1.3) and labelled
+so: a count is never stored as exact that was not.
+
+A synthetic prompt is a prefix of its own seeded word sequence, drawn once: its length is found
+by searching the number of words (all prompts counted together in each round), or, where the
+local tokenizer can cut at a token, by cutting there. Its cost per prompt does not grow with
+the rounds, and the rounds stop as soon as no prompt's count can move closer to its target.
 """
 
 from __future__ import annotations
@@ -19,17 +24,12 @@ from typing import Literal
 
 from specsweep.bench.config import WorkloadConfig
 from specsweep.errors import ConfigError
-from specsweep.server_api import ServerAPI
+from specsweep.vocabulary import WORDS as _WORDS
 
 PROMPTS_DIR = Path(__file__).resolve().parents[2] / "data" / "prompts"
 TOKENS_PER_WORD = 1.3
 
-_WORDS = (
-    "the model server token batch cache request stream latency throughput speculative draft verify accept "
-    "engine kernel memory bandwidth compute scheduler queue prefill decode attention layer weight tensor "
-    "river mountain water light music city garden window letter paper story answer question number system "
-    "quick slow small large early late bright dark warm cold open close begin finish measure compare report"
-).split()
+
 
 Counter = Callable[[list[str]], Awaitable[list[int] | None]]
 
@@ -49,11 +49,6 @@ class Tokenizer:
     count: Counter
     #: Cut texts to a number of tokens (a local tokenizer decodes a prefix of the text's tokens).
     trim: Callable[[list[str], list[int]], list[str]] | None = None
-
-
-def server_tokenizer(api: ServerAPI) -> Tokenizer:
-    """The server's /tokenize, a few calls at a time; None counts (the approximate path) when it has none."""
-    return Tokenizer("server", lambda texts: api.count_tokens_many(texts))
 
 
 def local_tokenizer(path: Path) -> Tokenizer:
@@ -153,63 +148,79 @@ def bundled_prompts(name: str) -> list[str]:
 MAX_ROUNDS = 32
 
 
-def _words_for(rng: random.Random, tokens: float, per_word: float) -> list[str]:
-    return [rng.choice(_WORDS) for _ in range(max(1, round(tokens / per_word)))]
+def _approximate(texts: Sequence[str]) -> list[Prompt]:
+    return [Prompt(t, round(len(t.split()) * TOKENS_PER_WORD), exact=False) for t in texts]
 
 
 async def build_prompts(config: WorkloadConfig, count: int, tokenizer: Tokenizer | None = None) -> list[Prompt]:
-    """``count`` prompts (cycling through the source when it holds fewer).
-
-    Synthetic prompts of exact length are built in rounds: every prompt not yet at its target
-    is grown or trimmed by the words its own tokens-per-word suggests, and all of them are
-    counted at once (one batch for a local tokenizer, a few concurrent calls for a server's).
-    A prompt that cannot hit its target exactly (a word of two tokens where one is missing)
-    keeps the closest length found, counted exactly."""
-    rng = random.Random(config.seed)
+    """``count`` prompts (cycling through the source when it holds fewer), counted by ``tokenizer``."""
     if config.source != "synthetic":
         texts = bundled_prompts(config.bundled_set) if config.source == "bundled" else _read_file(_prompts_file(config))
         chosen = [texts[(config.seed + i) % len(texts)] for i in range(count)]
         counts = await tokenizer.count(chosen) if tokenizer and chosen else None
         if counts is None:
-            return [Prompt(t, round(len(t.split()) * TOKENS_PER_WORD), exact=False) for t in chosen]
+            return _approximate(chosen)
         return [Prompt(t, n, exact=True) for t, n in zip(chosen, counts, strict=True)]
+    rng = random.Random(config.seed)
     spread = config.input_len_range * config.input_len
     targets = [max(1, round(config.input_len + rng.uniform(-spread, spread))) for _ in range(count)]
-    words = [_words_for(rng, t, TOKENS_PER_WORD) for t in targets]
-    texts = [" ".join(ws) for ws in words]
-    counts = await tokenizer.count(texts) if tokenizer and texts else None
-    if counts is None:
-        return [Prompt(t, round(len(ws) * TOKENS_PER_WORD), exact=False) for t, ws in zip(texts, words, strict=True)]
-    best = [(abs(n - t), txt, n) for txt, n, t in zip(texts, counts, targets, strict=True)]
-    pending = [i for i in range(count) if counts[i] != targets[i]]
-    trim = tokenizer.trim if tokenizer is not None else None
+    # Each prompt's own words, drawn once: twice its target is more than enough for any tokenizer
+    # that gives a word at least half a token.
+    words = [rng.choices(_WORDS, k=2 * t + 4) for t in targets]
+    if tokenizer is None:
+        return _approximate([" ".join(ws[:max(1, round(t / TOKENS_PER_WORD))]) for ws, t in zip(words, targets, strict=True)])
+    found = await _cut_at_tokens(words, targets, tokenizer) if tokenizer.trim is not None else None
+    return found if found is not None else await _search_words(words, targets, tokenizer)
+
+
+async def _cut_at_tokens(words: list[list[str]], targets: list[int], tokenizer: Tokenizer) -> list[Prompt] | None:
+    """A local tokenizer that decodes: each prompt's words (enough of them) cut at its target token, in one
+    round; None when the cut text does not count back to the target (a tokenizer without a decoder)."""
+    assert tokenizer.trim is not None
+    texts = tokenizer.trim([" ".join(ws) for ws in words], targets)
+    counts = await tokenizer.count(texts)
+    if counts is None or counts != targets:
+        return None
+    return [Prompt(t, n, exact=True) for t, n in zip(texts, counts, strict=True)]
+
+
+async def _search_words(words: list[list[str]], targets: list[int], tokenizer: Tokenizer) -> list[Prompt]:
+    """Each prompt's length in words, searched until it counts exactly its target (or no count can come
+    closer): the first guess from the average tokens per word, then the count's own rate, then bisection
+    between the longest prefix found short and the shortest found long. All pending prompts are counted
+    together in each round. If the tokenizer stops answering, every count is approximate."""
+    n = len(targets)
+    lo = [1] * n  # every prefix shorter than lo counts short
+    hi = [len(ws) for ws in words]  # every prefix longer than hi counts long
+    guess = [min(hi[i], max(1, round(targets[i] / TOKENS_PER_WORD))) for i in range(n)]
+    best = [(1 << 62, 1, 0)] * n  # (distance, words, count) of the closest prefix counted so far
+    pending = list(range(n))
     for _ in range(MAX_ROUNDS):
-        if not pending or tokenizer is None:
+        if not pending:
             break
-        for i in pending:
-            n, ws = counts[i], words[i]
-            per_word = max(0.25, n / max(1, len(ws)))
-            if n < targets[i]:  # grow (past the target where the tokenizer can cut at a token)
-                ws += _words_for(rng, (targets[i] - n) * (1.5 if trim else 1.0), per_word)
-            elif trim is None:
-                del ws[max(1, len(ws) - max(1, round((n - targets[i]) / per_word))):]
-        texts = [" ".join(words[i]) for i in pending]
-        if trim is not None:
-            texts = trim(texts, [targets[i] for i in pending])
-            for i, text in zip(pending, texts, strict=True):
-                words[i] = text.split()
-        trial = await tokenizer.count(texts)
-        if trial is None:  # the tokenizer went away: keep what was counted
-            break
-        for i, text, n in zip(pending, texts, trial, strict=True):
-            counts[i] = n
-            if abs(n - targets[i]) < best[i][0]:
-                best[i] = (abs(n - targets[i]), text, n)
-        still = [i for i in pending if best[i][0] != 0]
-        if trim is not None and len(still) == len(pending):
-            trim = None  # cutting at a token does not survive a round trip here (no decoder?): words only
+        counts = await tokenizer.count([" ".join(words[i][:guess[i]]) for i in pending])
+        if counts is None:  # the tokenizer went away: nothing is exact
+            return _approximate([" ".join(ws[:max(1, round(t / TOKENS_PER_WORD))]) for ws, t in zip(words, targets, strict=True)])
+        still = []
+        for i, got in zip(pending, counts, strict=True):
+            k, target = guess[i], targets[i]
+            if abs(got - target) < best[i][0]:
+                best[i] = (abs(got - target), k, got)
+            if got == target:
+                continue
+            if got < target:
+                lo[i] = k + 1
+            else:
+                hi[i] = k - 1
+            if lo[i] > hi[i]:
+                continue  # no length left that could count closer
+            rate = got / k if got > 0 else 0.0
+            step = round(target / rate) if rate > 0 else (lo[i] + hi[i]) // 2
+            guess[i] = step if lo[i] <= step <= hi[i] and step != k else (lo[i] + hi[i]) // 2
+            still.append(i)
         pending = still
-    return [Prompt(txt, n, exact=True) for _, txt, n in best]
+    # Every prompt was counted in the first round: each has its closest prefix, counted exactly.
+    return [Prompt(" ".join(ws[:k]), got, exact=True) for ws, (_, k, got) in zip(words, best, strict=True)]
 
 
 def prompts_digest(prompts: Sequence[Prompt]) -> str:

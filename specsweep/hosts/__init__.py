@@ -15,10 +15,10 @@ from specsweep.hosts.ssh import SSHHost
 
 
 def open_host(config: HostConfig, logger: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None) -> Host:
-    """The host a config describes."""
+    """The host a (resolved) config describes; the host carries that config."""
     if config.kind == "local" or config.ssh is None:
-        return LocalHost()
-    return SSHHost(config.ssh, jump=config.jump, logger=logger)
+        return LocalHost(config)
+    return SSHHost(config.ssh, jump=config.jump, logger=logger, config=config)
 
 
 __all__ = [

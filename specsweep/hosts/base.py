@@ -15,10 +15,11 @@ import signal
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import TracebackType
 
 from specsweep.errors import CommandError, ServerStartError
+from specsweep.hosts.config import HostConfig
 
 
 @dataclass(frozen=True)
@@ -58,14 +59,6 @@ class ProcessInfo:
     @property
     def alive(self) -> bool:
         return not self.state.startswith(("Z", "X"))
-
-
-@dataclass
-class _Env:
-    values: dict[str, str] = field(default_factory=dict)
-
-    def argv(self) -> list[str]:
-        return [f"{k}={v}" for k, v in self.values.items()]
 
 
 # The environment arrives on stdin as `export NAME='value'` lines (names checked, values quoted with
@@ -145,6 +138,8 @@ class Host(ABC):
 
     #: A short name for logs and handles, such as ``local`` or ``user@gpu-01:22``.
     label: str
+    #: The resolved config the host was opened from (traffic, load generator, ...).
+    config: HostConfig
     _login_uid: int | None = None
     _login_user: str | None = None
 

@@ -96,9 +96,6 @@ class HostConfig(BaseModel):
         description="Address the benchmark client uses to reach the server's port when traffic is direct; "
         "default 127.0.0.1 for local hosts. Giving one for an SSH host makes its traffic direct.",
     )
-    tunnel_client: Literal["auto", "openssh", "paramiko"] = Field(
-        "auto", description="Which SSH client carries the tunnel: openssh (ssh -L; fast), paramiko (no ssh binary "
-        "needed; takes keys with a passphrase), auto (openssh where installed and no passphrase is needed).")
     load_generator: Literal["client", "host"] = Field(
         "client", description="Where the load generator runs: client, on the machine running specsweep (its "
         "requests through the tunnel); host, on the SSH host itself against the server's own address, its records "
@@ -110,7 +107,7 @@ class HostConfig(BaseModel):
     allowed_commands: list[str] | None = Field(
         None, description="Set by an ssh-host block (a flow parameter naming the block cannot change it): the "
         "commands servers may be started with on this host, each the first arguments of a launch command, e.g. "
-        "'/opt/sglang/bin/python -m sglang.launch_server'. A profile whose argv does not start with one is refused "
+        "'/opt/engine/bin/python -m engine.server'. A profile whose argv does not start with one is refused "
         "before anything runs. None: any command (whoever can create flow runs can run commands on the host).")
 
     @model_validator(mode="after")

@@ -8,10 +8,14 @@ from collections.abc import Sequence
 
 from specsweep.errors import CommandNotSentError, CommandOutcomeUnknown, HostError
 from specsweep.hosts.base import CommandResult, Host
+from specsweep.hosts.config import HostConfig
 
 
 class LocalHost(Host):
     label = "local"
+
+    def __init__(self, config: HostConfig | None = None) -> None:
+        self.config = config or HostConfig()
 
     def run(
         self, argv: Sequence[str], *, timeout: float | None = 60.0, check: bool = False, retry: bool = True,

@@ -21,7 +21,7 @@ import paramiko
 
 from specsweep.errors import CommandNotSentError, CommandOutcomeUnknown, HostError, HostKeyError
 from specsweep.hosts.base import CommandResult, Host
-from specsweep.hosts.config import SSHEndpoint
+from specsweep.hosts.config import HostConfig, SSHEndpoint
 
 _log = logging.getLogger(__name__)
 
@@ -87,7 +87,9 @@ class SSHHost(Host):
         *,
         jump: SSHEndpoint | None = None,
         logger: logging.Logger | logging.LoggerAdapter | None = None,
+        config: HostConfig | None = None,
     ) -> None:
+        self.config = config or HostConfig(kind="ssh", ssh=endpoint, jump=jump)
         self.endpoint = endpoint
         self.jump = jump
         self.logger = logger or _log

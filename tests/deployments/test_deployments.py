@@ -14,7 +14,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from specsweep.store import ResultsStore
+from specsweep.results.store import ResultsStore
 from tests.conftest import pids_with_marker
 from tests.helpers.logs import read_all_logs
 from tests.helpers.prefect_server import PREFECT, REPO, postgres, prefect_cli, prefect_server

@@ -2,7 +2,7 @@
 
 The engine lives in its own virtualenv (scripts/vllm_cpu.sh, cached between runs; the test command
 installs it and passes its python as SPECSWEEP_VLLM_PYTHON). The models are tiny random llamas
-written by that python (specsweep.vllm.models). Each start of the engine takes about a minute here.
+written by that python (specsweep.engines.vllm.models). Each start of the engine takes about a minute here.
 """
 
 from __future__ import annotations
@@ -18,12 +18,14 @@ import pytest
 
 from flows.benchmark_config import benchmark_config
 from flows.compare_speculation import compare_vllm
+from flows.tune_speculation import tune_speculation
 from specsweep.bench.config import SweepConfig, WorkloadConfig
-from specsweep.llamacpp.presets import REPO_ROOT, default_models_dir
-from specsweep.settings import BenchmarkSettings, VLLMSettings
-from specsweep.stages import LifecycleOptions
-from specsweep.store import ResultsStore
-from specsweep.vllm.models import HFModels, make_models
+from specsweep.engines.llamacpp import REPO_ROOT, default_models_dir
+from specsweep.engines.vllm import VLLMSettings
+from specsweep.engines.vllm import check_speculative_config as check_vllm_speculative_config
+from specsweep.engines.vllm.models import HFModels, make_models
+from specsweep.parameters import BenchmarkSettings, LifecycleOptions
+from specsweep.results.store import ResultsStore
 from tests.conftest import pids_with_marker
 from tests.helpers.sshd import free_port
 
@@ -178,8 +180,6 @@ async def test_tune_speculation_on_vllm_gives_a_schedule_vllm_loads(vllm_python:
                                                                       tmp_path: Path) -> None:
     """K 1 and 3 of draft-model speculation against the baseline, each its own start of the real engine; the
     answer's --speculative-config is then loaded by vLLM's own configuration code, unchanged."""
-    from flows.tune_speculation import tune_speculation
-    from specsweep.engine_configs import check_vllm_speculative_config
 
     port = free_port()
     results = tmp_path / "results"
@@ -202,12 +202,13 @@ async def test_tune_speculation_on_vllm_gives_a_schedule_vllm_loads(vllm_python:
     assert (report / "tuning.json").is_file() and (report / "speedup.png").is_file()
     if tuning.recommendation.status != "decided":
         # Two CPU cores shared with the client: an open level is said, with what to measure next.
-        assert tuning.vllm_speculative_config is None and tuning.recommendation.measure_next
+        assert tuning.setting is None and tuning.recommendation.measure_next
         cfg = {"method": "draft_model", "model": str(hf_models.draft), "num_speculative_tokens": 3,
                "num_speculative_tokens_per_batch_size": [[1, 3, 3], [4, 4096, 1]]}
     else:
-        cfg = tuning.vllm_speculative_config
-        assert cfg is not None and json.loads((report / "vllm-speculative-config.json").read_text()) == cfg
+        assert tuning.setting is not None and tuning.setting.engine == "vllm"
+        cfg = tuning.setting.content
+        assert json.loads((report / "vllm-speculative-config.json").read_text()) == cfg
     check_vllm_speculative_config(cfg)
     loaded = subprocess.run([vllm_python, "-c", VALIDATE, str(hf_models.target), json.dumps(cfg)],
                             capture_output=True, text=True, timeout=300)

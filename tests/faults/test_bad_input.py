@@ -114,7 +114,7 @@ FLOW_CASES: dict[str, tuple[Any, dict[str, Any], list[str]]] = {
                                                                                             "num_draft_tokens": [5]}},
                                   ["grid point steps2-draft5", "num_draft_tokens = num_steps + 1"]),
     "grid over two engines": (tune_speculation, {"llamacpp": {}, "vllm": {"model": "/m", "method": "ngram"}},
-                              ["give the settings of one engine, not llamacpp and vllm"]),
+                              ["give the settings of one engine, not vllm and llamacpp"]),
     "grid too large": (tune_speculation, {"grid": {"draft_max": list(range(1, 6)), "draft_min": [0, 1, 2, 3, 4]}},
                        ["the grid has 25 points (5 x 5); at most 24"]),
 }
@@ -214,7 +214,7 @@ async def test_port_in_use_names_the_holder_and_the_fix(tmp_path: Path) -> None:
 # -- the command line ------------------------------------------------------------------------
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "specsweep.cli", *args], capture_output=True, text=True, timeout=120,
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, timeout=120,
                           cwd=REPO)
 
 

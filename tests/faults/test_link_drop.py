@@ -24,12 +24,11 @@ import pytest
 
 from flows.benchmark_config import benchmark_config
 from specsweep.bench.config import RequestParams, SweepConfig, WorkloadConfig
+from specsweep.engines.sglang import baseline as sglang_baseline
 from specsweep.hosts.config import HostConfig, SSHEndpoint
-from specsweep.presets import sglang_baseline
+from specsweep.parameters import BenchmarkSettings, LifecycleOptions, StageOptions
 from specsweep.profiles import ServerProfile
-from specsweep.settings import BenchmarkSettings
-from specsweep.stages import LifecycleOptions, StageOptions
-from specsweep.store import ResultsStore
+from specsweep.results.store import ResultsStore
 from tests.conftest import pids_with_marker
 from tests.helpers.logs import flow_logs
 from tests.helpers.netns import NetnsHost
@@ -231,7 +230,7 @@ def test_a_start_whose_answer_is_lost_leaves_exactly_one_server(remote: Remote, 
                                                                   tmp_path: Path,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
     from specsweep.hosts import open_host
-    from specsweep.lifecycle import kill_server, start_server
+    from specsweep.server.lifecycle import kill_server, start_server
 
     wrapper = tmp_path / "slow-answer"
     wrapper.write_text(_SLOW_ANSWER)
@@ -247,7 +246,7 @@ def test_a_start_whose_answer_is_lost_leaves_exactly_one_server(remote: Remote, 
     profile = sim_profile(tmp_path, startup_s=0.3)
 
     def sims() -> list[int]:
-        return [p for p in server_processes(remote) if "specsweep.sim" in Path(f"/proc/{p}/cmdline").read_bytes()
+        return [p for p in server_processes(remote) if "specsweep.engines.sglang.sim" in Path(f"/proc/{p}/cmdline").read_bytes()
                 .replace(b"\0", b" ").decode()]
 
     def cut_once_started() -> None:

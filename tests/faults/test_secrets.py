@@ -13,7 +13,7 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRun
 
 from flows.benchmark_config import benchmark_config
 from flows.server_lifecycle import server_lifecycle
-from specsweep.presets import sglang_baseline
+from specsweep.engines.sglang import baseline as sglang_baseline
 from tests.conftest import pids_with_marker, toy_profile
 from tests.helpers.logs import flow_logs
 from tests.helpers.sshd import SSHServer, free_port
@@ -25,7 +25,7 @@ API_KEY = "sk-engine-secret-42-do-not-leak"
 
 
 def cli(*args: str) -> str:
-    proc = subprocess.run([sys.executable, "-m", "specsweep.cli", *args], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout + proc.stderr
 

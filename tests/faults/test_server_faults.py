@@ -18,10 +18,9 @@ import pytest
 
 from flows.benchmark_config import benchmark_config
 from specsweep.bench.config import RequestParams, SweepConfig, WorkloadConfig
-from specsweep.presets import sglang_baseline
-from specsweep.settings import BenchmarkSettings
-from specsweep.stages import LifecycleOptions
-from specsweep.store import ResultsStore
+from specsweep.engines.sglang import baseline as sglang_baseline
+from specsweep.parameters import BenchmarkSettings, LifecycleOptions
+from specsweep.results.store import ResultsStore
 from tests.conftest import pids_with_marker
 from tests.helpers.logs import flow_logs
 from tests.helpers.sshd import free_port

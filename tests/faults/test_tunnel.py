@@ -25,12 +25,13 @@ from prefect.deployments import run_deployment
 
 from flows.benchmark_config import benchmark_config
 from flows.compare_speculation import compare_speculation
-from specsweep.decision import DecisionConfig
+from specsweep.analysis.decision import DecisionConfig
+from specsweep.engines.sglang import baseline as sglang_baseline
+from specsweep.engines.sglang import eagle3 as sglang_eagle3
 from specsweep.hosts import HostConfig, SSHEndpoint
-from specsweep.presets import sglang_baseline, sglang_eagle3
+from specsweep.hosts.tunnel import TUNNEL_MARKER_ENV
+from specsweep.parameters import BenchmarkSettings
 from specsweep.profiles import ServerProfile
-from specsweep.settings import BenchmarkSettings
-from specsweep.tunnel import TUNNEL_MARKER_ENV
 from tests.conftest import REPO, pids_with_env, pids_with_marker
 from tests.helpers.logs import flow_logs
 from tests.helpers.netns import NetnsHost
@@ -124,7 +125,7 @@ async def test_comparison_of_a_loopback_server_through_a_tunnel(topology: str, r
     # The simulated crossover, measured through the tunnel: ahead for one stream, behind at 16.
     assert comp.levels[0].ratio > comp.levels[1].ratio and comp.levels[1].verdict == "slower", comp.levels
     logs = "\n".join(await flow_logs(state.state_details.flow_run_id))
-    assert "the client reaches it at http://127.0.0.1:" in logs and "OpenSSHTunnel to 127.0.0.1:30000" in logs
+    assert "the client reaches it at http://127.0.0.1:" in logs and "OpenSSH tunnel to 127.0.0.1:30000" in logs
     assert tunnels_left() == [] and [p for p in pids_with_marker(30000) if p in remote.net.pids()] == []
 
 
@@ -151,7 +152,7 @@ async def test_a_host_whose_sshd_refuses_forwarding_fails_fast_and_says_so(
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "specsweep.cli", *args], capture_output=True, text=True, timeout=120,
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, timeout=120,
                           cwd=REPO)
 
 
@@ -192,7 +193,7 @@ def test_bench_through_the_tunnel_and_its_clear_errors(gpu: Gpu, tmp_path: Path,
     assert refused.returncode != 0 and time.monotonic() - t0 < 10
     assert "SSH authentication failed" in refused.stderr and f"port 30999 on {gpu.sshd.user}@{gpu.net.addr}" in refused.stderr
     # A server on the GPU host's loopback, measured through the same path as the flows'.
-    proc = subprocess.Popen(["ip", "netns", "exec", gpu.net.name, sys.executable, "-m", "specsweep.sim", "--port",
+    proc = subprocess.Popen(["ip", "netns", "exec", gpu.net.name, sys.executable, "-m", "specsweep.engines.sglang.sim", "--port",
                              "30998", "--sim-profile", "tiny-fast", "--startup-s", "0.1"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -200,7 +201,7 @@ def test_bench_through_the_tunnel_and_its_clear_errors(gpu: Gpu, tmp_path: Path,
         out = cli("bench", "--host-config", str(config), "--port", "30998", "--concurrency", "1,4", "--num-prompts", "8",
                   "--output-len", "16", "--results", str(tmp_path / "r"))
         assert out.returncode == 0, out.stderr
-        assert "through OpenSSHTunnel to 127.0.0.1:30998" in out.stderr and "C=4" in out.stdout
+        assert "through OpenSSH tunnel to 127.0.0.1:30998" in out.stderr and "C=4" in out.stdout
     finally:
         proc.terminate()
         proc.wait(10)
@@ -304,7 +305,7 @@ def test_bench_with_the_load_generator_on_the_host(gpu: Gpu, tmp_path: Path) -> 
     # No specsweep in the host's interpreter: said before any level, naming the field and the fix.
     config.write_text(gpu.host.model_copy(update={"load_generator": "host", "host_python": "/usr/bin/python3"})
                       .model_dump_json())
-    proc = subprocess.Popen(["ip", "netns", "exec", gpu.net.name, sys.executable, "-m", "specsweep.sim", "--port",
+    proc = subprocess.Popen(["ip", "netns", "exec", gpu.net.name, sys.executable, "-m", "specsweep.engines.sglang.sim", "--port",
                              "30997", "--sim-profile", "tiny-fast", "--startup-s", "0.1"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -14,10 +14,11 @@ from prefect.states import Cancelling, Scheduled
 
 from flows.compare_speculation import compare_speculation
 from specsweep.bench.config import SweepConfig, WorkloadConfig
-from specsweep.presets import sglang_baseline, sglang_eagle3
+from specsweep.engines.sglang import baseline as sglang_baseline
+from specsweep.engines.sglang import eagle3 as sglang_eagle3
+from specsweep.parameters import BenchmarkSettings
 from specsweep.profiles import ServerProfile
-from specsweep.settings import BenchmarkSettings
-from specsweep.store import ResultsStore
+from specsweep.results.store import ResultsStore
 from tests.conftest import pids_with_marker
 from tests.helpers.logs import flow_logs
 from tests.helpers.runner import serving, wait_for_deployment, wait_for_state
@@ -50,8 +51,8 @@ async def test_compare_speculation_end_to_end(tmp_path: Path) -> None:
     assert [lv.verdict for lv in comp.levels][::2] == ["faster", "slower"], comp.levels
     assert comp.recommendation.status == "decided" and comp.recommendation.speculation_off_from in (4, 16)
     off = comp.recommendation.speculation_off_from
-    assert comp.vllm_speculative_config is not None
-    assert comp.vllm_speculative_config["num_speculative_tokens_per_batch_size"] == [[1, off - 1, 3], [off, 4096, 0]]
+    assert comp.setting is not None and comp.setting.engine == "sglang"  # SGLang's own form of the answer
+    assert comp.setting.content == {"1": {"candidate_steps": [3]}, str(off): {"candidate_steps": [0]}}
     assert all(lv.ratio_low is not None and lv.blocks[0] >= 3 for lv in comp.levels)  # blocks give an interval
     assert pids_with_marker(port) == []
 
@@ -117,9 +118,10 @@ async def test_retry_like_the_ui_reuses_finished_levels(tmp_path: Path) -> None:
             bench.setdefault(tr.name, []).append(tr.state.name)
     assert sorted(bench) == ["benchmark sglang-baseline C=1 #0", "benchmark sglang-baseline C=2 #0",
                              "benchmark sglang-baseline C=4 #0"]
-    # Levels 1 and 2: measured once, then taken from the persisted result on the retry.
-    assert sorted(bench["benchmark sglang-baseline C=1 #0"]) == ["Cached", "Completed"], bench
-    assert sorted(bench["benchmark sglang-baseline C=2 #0"]) == ["Cached", "Completed"], bench
+    # Levels 1 and 2: measured once, then taken from the store on the retry (its files untouched, below).
+    assert bench["benchmark sglang-baseline C=1 #0"] == ["Completed", "Completed"], bench
+    assert bench["benchmark sglang-baseline C=2 #0"] == ["Completed", "Completed"], bench
+    assert not (results / ".prefect-results").exists()  # nothing pickled under the results root
     # Level 3: measured on the retry. (On the first try it failed at its warm-up, or never
     # started: when the dying server's last answer fails, the sweep stops right after level 2.)
     assert sorted(bench["benchmark sglang-baseline C=4 #0"]) in (["Completed"], ["Completed", "Failed"]), bench
@@ -234,8 +236,8 @@ async def test_flow_process_killed_outright_the_crash_hook_kills_the_server(tmp_
 
 async def assert_host_given_back() -> None:
     """The hooks gave the host back: the next run need not wait for the lease to run out."""
-    from flows.host_lock import lock_name
     from specsweep.hosts.config import HostConfig
+    from tasks.host import lock_name
 
     deadline = asyncio.get_running_loop().time() + 20
     async with get_client() as client:
@@ -283,7 +285,7 @@ async def test_retry_after_the_speculative_server_fails_to_start_keeps_the_basel
 async def test_alternate_design_takes_blocks_in_turn(alternate_by: str, tmp_path: Path) -> None:
     """Baseline and speculative blocks alternate at each level (ABBA), both servers up on two ports or
     one restarted for each block; the comparison pairs them and decides each level."""
-    from specsweep.decision import DecisionConfig
+    from specsweep.analysis.decision import DecisionConfig
 
     port = free_port(span=2)  # side by side, the speculative server takes the next port
     base, spec = sim_profiles(port)

@@ -17,11 +17,11 @@ from prefect.deployments import run_deployment
 from prefect.states import Scheduled
 
 from flows.compare_speculation import compare_speculation
-from specsweep.storage import StorageOptions
-from specsweep.store import ResultsStore
-from tasks.storage import ResultsLocation
+from specsweep.results import ResultsLocation, ResultsStore
+from tasks.blocks import ResultsBlock
 from tests.conftest import pids_with_marker
 from tests.flows.test_compare_flow import sim_profiles
+from tests.helpers.logs import flow_logs
 from tests.helpers.runner import serving, wait_for_deployment, wait_for_state
 from tests.helpers.s3 import ACCESS_KEY, REGION, SECRET_KEY, S3Server, s3_server
 from tests.helpers.sshd import free_port
@@ -35,9 +35,9 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
         yield server
 
 
-async def save_block(s3: S3Server, name: str, prefix: str) -> ResultsLocation:
-    block = ResultsLocation(url=s3.url(prefix), endpoint_url=s3.endpoint, region=REGION,
-                            access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY)  # type: ignore[arg-type]
+async def save_block(s3: S3Server, name: str, prefix: str) -> ResultsBlock:
+    block = ResultsBlock(url=s3.url(prefix), endpoint_url=s3.endpoint, region=REGION,
+                         access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY)  # type: ignore[arg-type]
     await block.asave(name, overwrite=True)
     return block
 
@@ -69,7 +69,7 @@ async def test_comparison_writes_to_s3_and_its_artifacts_link_there(s3: S3Server
     # The command line reads the same store, credentials from the environment, endpoint in the URL.
     url = f"{s3.url('compare')}?endpoint_override={s3.endpoint}&scheme=http&region={REGION}"
     env = {**os.environ, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
-    out = subprocess.run([sys.executable, "-m", "specsweep.cli", "runs", "--results", url], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "runs", "--results", url], capture_output=True,
                          text=True, env=env, timeout=120)
     assert out.returncode == 0 and result.baseline.run_id in out.stdout, out.stderr
     assert ACCESS_KEY not in out.stdout + out.stderr
@@ -109,13 +109,15 @@ async def test_a_retry_on_another_worker_reuses_the_levels_that_finished(s3: S3S
     for tr in task_runs:
         if tr.name.startswith("benchmark ") and tr.state is not None:
             states.setdefault(tr.name, []).append(tr.state.name)
-    assert sorted(states["benchmark sglang-baseline C=1 #0"]) == ["Cached", "Completed"], states
-    assert sorted(states["benchmark sglang-baseline C=2 #0"]) == ["Cached", "Completed"], states
-    # B could not read A's disk (each has its own Prefect home and local storage): the persisted
-    # level results it reused are the ones in the bucket.
-    assert len([k for k in s3.keys("retry/.prefect-results")]) >= 3
-    store = ResultsStore(s3.url("retry"), StorageOptions(endpoint_url=s3.endpoint, region=REGION,
-                                                         access_key_id=ACCESS_KEY,  # type: ignore[arg-type]
-                                                         secret_access_key=SECRET_KEY))  # type: ignore[arg-type]
+    assert states["benchmark sglang-baseline C=1 #0"] == ["Completed", "Completed"], states
+    assert states["benchmark sglang-baseline C=2 #0"] == ["Completed", "Completed"], states
+    # B could not read A's disk (each has its own Prefect home): the levels it kept are the ones in the
+    # bucket, read back as data (nothing of Prefect's pickled results is written or read).
+    assert s3.keys("retry/.prefect-results") == []
+    logs = "\n".join(await flow_logs(run.id))
+    assert logs.count("measured in an earlier try of this flow run: kept") == 2, logs
+    store = ResultsStore(ResultsLocation(url=s3.url("retry"), endpoint_url=s3.endpoint, region=REGION,
+                                         access_key_id=ACCESS_KEY,  # type: ignore[arg-type]
+                                         secret_access_key=SECRET_KEY))  # type: ignore[arg-type]
     assert len(store.levels()) == 3 and set(store.runs()["status"]) == {"completed"}
     assert pids_with_marker(port) == []

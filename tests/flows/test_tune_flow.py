@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,8 +20,8 @@ from prefect.deployments import run_deployment
 from prefect.states import Scheduled
 
 from flows.tune_speculation import tune_speculation
-from specsweep.settings import LlamaCppSettings
-from specsweep.store import ResultsStore
+from specsweep.engines.llamacpp import LlamaCppSettings
+from specsweep.results.store import ResultsStore
 from tests.conftest import pids_with_marker
 from tests.helpers.runner import serving, wait_for_deployment, wait_for_state
 from tests.helpers.sim import running_sim
@@ -136,7 +138,7 @@ async def test_sglang_grid_on_the_simulator_retried_like_the_ui_then_its_file_tr
         last = [json.loads(x[6:]) for x in one.text.split("\n\n") if x.startswith("data: {")][-1]
         details = last["sglext"]["spec_tokens_details"]
         assert details["spec_num_proposed_drafts"] == 3 * details["spec_verify_ct"]
-        from specsweep.sim.server import read_adaptive_config
+        from specsweep.engines.sglang.sim.server import read_adaptive_config
 
         assert read_adaptive_config(json.dumps(adaptive)) == {1: [3], 4: [1], 16: [0]}
 
@@ -182,11 +184,9 @@ async def test_llamacpp_draft_max_grid_on_this_machine(tmp_path: Path) -> None:
     (["--grid", "num_speculative_tokens=1,3"], "grid.num_speculative_tokens is not a llama.cpp speculation setting"),
     (["--grid", "draft_max"], "--grid takes FIELD=V1,V2"),
     (["--engine", "vllm"], "--engine vllm needs --settings FILE"),
-    (["--levels", "1,x"], "--levels must be comma-separated numbers"),
+    (["--levels", "1,x"], "--concurrency must be a comma-separated list of numbers"),
 ])
-def test_the_command_line_refuses_a_bad_grid_before_any_run(argv: list[str], words: str,
-                                                            capsys: pytest.CaptureFixture[str]) -> None:
-    from flows.tune import main
-
-    assert main(argv) == 2
-    assert words in capsys.readouterr().err
+def test_the_command_line_refuses_a_bad_grid_before_any_run(argv: list[str], words: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "tune", *argv], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert words in done.stderr

@@ -7,6 +7,7 @@ stop, TCP connections hang, new connections fail.
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import signal
@@ -17,6 +18,19 @@ from dataclasses import dataclass
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+
+
+_made = itertools.count()
+
+
+def _new_tag() -> str:
+    """A name no other namespace of this machine has: this process's pid and a count of its own (a random
+    suffix alone collided once in a hundred creations), checked against the namespaces that exist."""
+    existing = set(_ip("netns", "list", check=False).stdout.split())
+    while True:
+        tag = f"{os.getpid() % 100000}{next(_made):03d}"[-8:]
+        if f"ssw{tag}" not in existing:
+            return tag
 
 
 @dataclass
@@ -33,9 +47,12 @@ class NetnsHost:
     def create(cls, behind: NetnsHost | None = None) -> NetnsHost:
         """A host linked to this machine, or only to ``behind`` (then this machine cannot reach it: a
         namespace does not forward packets, so ``behind`` is its only way in, as a bastion is)."""
-        tag = f"{os.getpid() % 10000}{random.randrange(100):02d}"
+        tag = _new_tag()
         name, host_if, ns_if = f"ssw{tag}", f"sswh{tag}", f"sswn{tag}"
+        used = _ip("-o", "addr", check=False).stdout + _ip("route", check=False).stdout
         a, b = random.randrange(64, 250), random.randrange(0, 250)
+        while f" 10.{a}.{b}." in used:  # a subnet another test host has
+            a, b = random.randrange(64, 250), random.randrange(0, 250)
         host_addr, addr = f"10.{a}.{b}.1", f"10.{a}.{b}.2"
         parent = behind.name if behind else None
         near = ("netns", "exec", parent, "ip") if parent else ()

@@ -1,4 +1,4 @@
-"""Start the real simulator process (``python -m specsweep.sim``) for a test."""
+"""Start the real simulator process (``python -m specsweep.engines.sglang.sim``) for a test."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from tests.helpers.sshd import free_port
 def running_sim(*args: str, ready: bool = True, startup_s: float = 0.2) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "specsweep.sim", "--port", str(port), "--startup-s", str(startup_s), *args],
+        [sys.executable, "-m", "specsweep.engines.sglang.sim", "--port", str(port), "--startup-s", str(startup_s), *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"

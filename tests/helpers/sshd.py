@@ -99,8 +99,9 @@ MaxStartups 100
 LogLevel {log_level}
 # Commands run through the login shell; where it runs `pyenv rehash` (this machine's image does), a
 # command killed while its shell starts (the link-cut tests kill some) leaves pyenv's lock behind, and
-# every later command would wait 60 s for it.
-SetEnv {" ".join(f"{k}={v}" for k, v in {"PYENV_REHASH_TIMEOUT": "1", **(set_env or {})}.items())}
+# every later login waits for it (60 s by default; even 1 s made each command 2 s and starved the
+# tests that read every 0.2 s). A negative timeout makes rehash give up before it takes the lock.
+SetEnv {" ".join(f"{k}={v}" for k, v in {"PYENV_REHASH_TIMEOUT": "-1", **(set_env or {})}.items())}
 {extra_config}"""
     )
     wrap = ["ip", "netns", "exec", netns] if netns else []

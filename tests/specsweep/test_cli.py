@@ -11,7 +11,7 @@ from tests.conftest import pids_with_marker, toy_profile
 
 
 def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, "-m", "specsweep.cli", *args], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, timeout=120)
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc
@@ -73,7 +73,7 @@ def test_preset_writes_a_profile_the_server_commands_read(tmp_path: Path) -> Non
 
 def test_runs_report_and_compare_from_the_store(tmp_path: Path) -> None:
     from specsweep.records import LevelRow, RunRow
-    from specsweep.store import ResultsStore
+    from specsweep.results.store import ResultsStore
 
     root = tmp_path / "res"
     store = ResultsStore(root)
@@ -95,9 +95,10 @@ def test_runs_report_and_compare_from_the_store(tmp_path: Path) -> None:
     assert "base1" in out and "spec1" in out and "completed" in out
     out = cli("compare", "base1", "spec1", "--results", str(root)).stdout
     assert "Decided: Speculation pays up to 1 concurrent request" in out and "turn it off from 8" in out
-    assert '"num_speculative_tokens_per_batch_size":[[1,7,3],[8,4096,0]]' in out
+    assert "--speculative-adaptive --speculative-adaptive-config sglang-adaptive-config.json" in out  # SGLang's form
     assert (root / "reports" / "base1--spec1" / "speedup.png").exists()
-    assert (root / "reports" / "base1--spec1" / "vllm-speculative-config.json").exists()
+    assert json.loads((root / "reports" / "base1--spec1" / "sglang-adaptive-config.json").read_text()) == {
+        "1": {"candidate_steps": [3]}, "8": {"candidate_steps": [0]}}
     out = cli("report", "base1", "--results", str(root)).stdout
     assert "C=1" in out and "C=8" in out
     store.write_run("spec2", RunRow.model_validate({"config_name": "eagle3", "engine": "sglang", "host": "local",

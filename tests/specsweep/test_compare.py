@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from specsweep.compare import check_fingerprints, compare_levels, compare_runs, write_report
-from specsweep.decision import DecisionConfig
-from specsweep.engine_configs import check_sglang_adaptive_config, check_vllm_speculative_config
+from specsweep.analysis.compare import check_fingerprints, compare_levels, compare_runs
+from specsweep.analysis.decision import DecisionConfig
+from specsweep.engines.sglang import check_adaptive_config as check_sglang_adaptive_config
 from specsweep.errors import ConfigError
 from specsweep.records import LevelRow, RunRow
-from specsweep.store import ResultsStore
+from specsweep.reports.folders import write_comparison_report
+from specsweep.results.store import ResultsStore
 
 SGLANG_SPEC = ("python -m sglang.launch_server --model-path /m/kimi --speculative-algorithm EAGLE3 "
                "--speculative-draft-model-path /m/eagle3 --speculative-num-steps 3 --speculative-eagle-topk 1 "
@@ -89,30 +90,28 @@ def store_pair(root: Path, base: dict[int, list[float]], spec: dict[int, list[fl
     return store
 
 
-def test_report_folder_holds_the_answer_and_the_engine_configs(tmp_path: Path) -> None:
+def test_report_folder_holds_the_answer_and_the_engines_setting(tmp_path: Path) -> None:
     store = store_pair(tmp_path / "res", BASE, SPEC)
     comp = compare_runs(store, "base1", "spec1")
     assert comp.design == "alternate-restart" and comp.levels[0].paired
-    write_report(comp, store)
+    write_comparison_report(comp, store)
     folder = tmp_path / "res" / "reports" / "base1--spec1"
-    assert sorted(p.name for p in folder.iterdir()) == [
+    assert sorted(p.name for p in folder.iterdir()) == [  # SGLang's own form of the answer, and only SGLang's
         "latency.png", "pareto.png", "recommendation.json", "report.md", "sglang-adaptive-config.json", "speedup.png",
-        "throughput.png", "vllm-speculative-config.json"]
+        "throughput.png"]
     rec = json.loads((folder / "recommendation.json").read_text())
     assert rec["status"] == "decided" and rec["speculation_off_from"] == 2
     assert [lv["verdict"] for lv in rec["levels"]] == ["faster", "slower", "slower", "slower"]
     assert rec["levels"][0]["requests"] == {"baseline": 80, "speculative": 80}
     assert len(rec["levels"][0]["interval"]) == 2 and rec["reason"].startswith("Speculation pays up to 1")
-    vllm = json.loads((folder / "vllm-speculative-config.json").read_text())
-    assert vllm == {"method": "eagle3", "model": "/m/eagle3", "num_speculative_tokens": 3,
-                    "num_speculative_tokens_per_batch_size": [[1, 1, 3], [2, 4096, 0]]}
-    check_vllm_speculative_config(vllm)
+    assert rec["engine_setting"]["engine"] == "sglang"
     sglang = json.loads((folder / "sglang-adaptive-config.json").read_text())
     assert sglang == {"1": {"candidate_steps": [3]}, "2": {"candidate_steps": [0]}}
     check_sglang_adaptive_config(sglang)
     report = (folder / "report.md").read_text()
-    assert "--speculative-config '{\"method\":\"eagle3\"" in report
-    assert "--speculative-adaptive --speculative-adaptive-config sglang-adaptive-config.json" in report
+    assert ("--speculative-algorithm EAGLE3 --speculative-draft-model-path /m/eagle3 --speculative-num-steps 3 "
+            "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4 --speculative-adaptive "
+            "--speculative-adaptive-config sglang-adaptive-config.json") in report
     assert all((folder / p).stat().st_size < 300_000 for p in ("throughput.png", "speedup.png", "pareto.png"))
 
 
@@ -120,9 +119,9 @@ def test_an_undetermined_answer_gives_no_engine_settings(tmp_path: Path) -> None
     spec = {**SPEC, 8: [610, 480, 560]}  # level 8 could be either way now
     store = store_pair(tmp_path / "res", BASE, spec)
     comp = compare_runs(store, "base1", "spec1")
-    assert comp.recommendation.status == "undetermined" and comp.vllm_speculative_config is None
-    write_report(comp, store)
+    assert comp.recommendation.status == "undetermined" and comp.setting is None
+    write_comparison_report(comp, store)
     folder = tmp_path / "res" / "reports" / "base1--spec1"
-    assert not (folder / "vllm-speculative-config.json").exists()
+    assert not (folder / "sglang-adaptive-config.json").exists()
     assert json.loads((folder / "recommendation.json").read_text())["speculation_off_from"] is None
     assert "No engine setting is given while the answer is undetermined" in (folder / "report.md").read_text()

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from specsweep.engine_metrics import Sampler, differences, level_figures, snapshot
 from specsweep.metrics import level_row
 from specsweep.records import Level, LevelRun
+from specsweep.server.engine_metrics import Sampler, differences, level_figures, snapshot
 
 VLLM_PAGE = (Path(__file__).parent.parent / "data" / "vllm-0.32.0-metrics.txt").read_text()
 

@@ -14,7 +14,8 @@ import pytest
 
 from specsweep.errors import KillError
 from specsweep.hosts import LocalHost
-from specsweep.lifecycle import kill_server, parse_gpu_memory, start_server, visible_gpus
+from specsweep.server.gpus import parse_gpu_memory, visible_gpus
+from specsweep.server.lifecycle import kill_server, start_server
 from tests.conftest import MakeToy, wait_ready
 
 # Recorded on an 8x RTX PRO 6000 host while another user's job held GPU 0 (MiB used).

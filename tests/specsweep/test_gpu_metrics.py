@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from specsweep.gpu_metrics import GpuSample, GpuWatch, level_gpu_figures, parse_gpu_samples, server_gpus
 from specsweep.hosts import LocalHost
+from specsweep.server.gpus import GpuSample, GpuWatch, level_gpu_figures, parse_gpu_samples, server_gpus
 
 # Verbatim rows recorded by `nvidia-smi --query-gpu=... --format=csv` on an H100 host during a serving
 # benchmark (published as test data of a public benchmarking repository): other columns, and units.

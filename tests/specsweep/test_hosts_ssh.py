@@ -13,7 +13,7 @@ import pytest
 
 from specsweep.errors import HostError, HostKeyError
 from specsweep.hosts import HostConfig, SSHEndpoint, SSHHost, SSHLogin, open_host
-from specsweep.lifecycle import kill_server, start_server
+from specsweep.server.lifecycle import kill_server, start_server
 from tests.conftest import TOY, pids_alive, toy_profile, wait_ready
 from tests.helpers.sshd import SSHServer, start_sshd
 

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from specsweep.bench.http1 import ConnectionLost, HTTPStatusError, _Response
+from specsweep.server.http1 import ConnectionLost, HTTPStatusError, _Response
 
 PIECES = [b'data: {"a":1}\n\n', b'data: {"a":"xyz"}\n\n', b"data: [DONE]\n\n"]
 CHUNKED = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"

@@ -11,7 +11,7 @@ import pytest
 
 from specsweep.errors import HealthTimeoutError, PortBusyError, ServerCrashedError
 from specsweep.hosts import LocalHost
-from specsweep.lifecycle import find_handle, kill_server, start_server
+from specsweep.server.lifecycle import find_handle, kill_server, start_server
 from tests.conftest import MakeToy, pids_alive, pids_with_marker, wait_ready
 
 

@@ -10,13 +10,16 @@ import httpx
 import pytest
 from prefect import flow
 
-from specsweep.bench.config import SweepConfig, WorkloadConfig
+from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
+from specsweep.engines.llamacpp import baseline as baseline_profile
+from specsweep.engines.llamacpp import speculative as speculative_profile
+from specsweep.engines.llamacpp.models import ModelSpec, make_models
 from specsweep.hosts import LocalHost
-from specsweep.llamacpp import baseline_profile, speculative_profile
-from specsweep.llamacpp.models import ModelSpec, make_models
+from specsweep.parameters import LifecycleOptions
 from specsweep.profiles import ServerProfile
 from specsweep.records import Level, LevelRow
-from specsweep.sweep import BenchTarget, SweepJob, measure_level
+from specsweep.results import ResultsStore
+from specsweep.sweep import SweepJob, measure_level
 from tasks.server import kill_server, start_server, wait_for_health
 from tests.conftest import pids_with_marker
 from tests.helpers.sshd import free_port
@@ -66,17 +69,14 @@ async def test_preset_serves_exact_token_counts(preset: str, tmp_path: Path) -> 
     @flow(name=f"llamacpp-{preset}")
     async def drive() -> tuple[str, int, int, dict, list[str], LevelRow]:  # type: ignore[type-arg]
         await kill_server(host, profile)
-        handle = await start_server(host, profile)
-        try:
-            await wait_for_health(host, profile, handle, f"http://127.0.0.1:{port}")
+        async with start_server(host, profile, RequestOptions(), LifecycleOptions(), marker="llamacpp-test") as server:
+            await wait_for_health(server)
             result = await stream_completion(port, "the water was cold and the river", 48)
-            job = SweepJob(run_id="l", config_name=profile.name, results=str(tmp_path),
+            job = SweepJob(run_id="l", config_name=profile.name, store=ResultsStore(tmp_path),
                            workload=WorkloadConfig(output_len=48), sweep=SweepConfig(num_requests=8, warmup_requests=1))
-            row = await measure_level(BenchTarget(base_url=f"http://127.0.0.1:{port}", engine="llamacpp"), job,
-                                      Level(index=0, mode="concurrency", value=2))
-        finally:
-            report = await kill_server(host, profile, handle)
-        return (*result, [k.signal for k in report.killed], row)
+            row = await measure_level(server.target, job, Level(index=0, mode="concurrency", value=2))
+        assert server.killed is not None  # the final kill, as start_server's block ended
+        return (*result, [k.signal for k in server.killed.killed], row)
 
     text, chunks, usage, timings, signals, row = await drive()
     assert usage == 48 and chunks == 48  # one SSE event per token, even with speculation
@@ -104,7 +104,7 @@ def test_draft_model_alone_does_not_speculate() -> None:
     assert argv[argv.index("--spec-type") + 1] == "draft-simple" and "-md" in argv
     import xllamacpp
 
-    from specsweep.llamacpp.launcher import build_params, parse_args
+    from specsweep.engines.llamacpp.launcher import build_params, parse_args
 
     only_md = build_params(parse_args(["-m", argv[argv.index("-m") + 1], "-md", argv[argv.index("-md") + 1]]))
     assert only_md.speculative.types == [xllamacpp.common_speculative_type.COMMON_SPECULATIVE_TYPE_NONE]

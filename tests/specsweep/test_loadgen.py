@@ -13,20 +13,20 @@ from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
 from specsweep.bench.workload import build_prompts
 from specsweep.errors import ConfigError, StoreError
 from specsweep.records import Level, LevelRow, RequestRow, RunRow
-from specsweep.store import ResultsStore
+from specsweep.results.store import ResultsStore
 from specsweep.sweep import BenchTarget, SweepJob, measure_level, points, repeats, run_levels
 from tests.helpers.sim import running_sim
 
 
 async def measure(target: BenchTarget, workload: WorkloadConfig, sweep: SweepConfig, *, store: ResultsStore,
                   run_id: str, mode: str = "concurrency", value: float = 1) -> LevelRow:
-    job = SweepJob(run_id=run_id, config_name=run_id, results=str(store), workload=workload, sweep=sweep)
+    job = SweepJob(run_id=run_id, config_name=run_id, store=store, workload=workload, sweep=sweep)
     return await measure_level(target, job, Level(index=0, mode=mode, value=value))  # type: ignore[arg-type]
 
 
 async def run_sweep(target: BenchTarget, workload: WorkloadConfig, sweep: SweepConfig, *, store: ResultsStore,
                     run_id: str) -> list[LevelRow]:
-    job = SweepJob(run_id=run_id, config_name=run_id, results=str(store), workload=workload, sweep=sweep)
+    job = SweepJob(run_id=run_id, config_name=run_id, store=store, workload=workload, sweep=sweep)
     return await run_levels(points(sweep), lambda lv: measure_level(target, job, lv), more=repeats(sweep.repeats),
                             stop_at_saturation=sweep.stop_at_saturation)
 
@@ -291,7 +291,7 @@ async def test_warm_up_lasts_until_ttft_settles(store: ResultsStore) -> None:
 
     with running_sim("--sim-profile", "tiny-fast", "--sim-cold-requests", "6", "--sim-cold-ttft-s", "0.25") as (url, _):
         target = BenchTarget(base_url=url)
-        job = SweepJob(run_id="w2", config_name="w2", results=str(store), workload=WorkloadConfig(output_len=8),
+        job = SweepJob(run_id="w2", config_name="w2", store=store, workload=WorkloadConfig(output_len=8),
                        sweep=SweepConfig(num_requests=8, warmup_requests=0))
         report = await settle(target, job)
         assert report.settled and 6 < report.requests <= 12, report

@@ -15,10 +15,10 @@ import time
 
 import pytest
 
+from specsweep.engines.sglang import baseline as sglang_baseline
 from specsweep.errors import PortBusyError
 from specsweep.hosts import HostConfig, LocalHost, open_host
-from specsweep.lifecycle import kill_server, start_server
-from specsweep.presets import sglang_baseline
+from specsweep.server.lifecycle import kill_server, start_server
 from tests.conftest import MakeToy, pids_alive, wait_ready
 from tests.helpers.other_user import OTHER_USER, ensure_user, listener_argv, process_as
 from tests.helpers.sshd import free_port

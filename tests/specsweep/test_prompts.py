@@ -9,14 +9,14 @@ import pandas as pd
 import pytest
 from tokenizers import Tokenizer as HFTokenizer
 
+from specsweep.analysis.compare import prompts_differ
 from specsweep.bench.config import SweepConfig, WorkloadConfig
-from specsweep.bench.workload import build_prompts, check_source, local_tokenizer, prompts_digest, server_tokenizer
-from specsweep.compare import prompts_differ
+from specsweep.bench.workload import build_prompts, check_source, local_tokenizer, prompts_digest
 from specsweep.errors import ConfigError
 from specsweep.records import Level
-from specsweep.server_api import ServerAPI
-from specsweep.store import ResultsStore
-from specsweep.sweep import BenchTarget, SweepJob, measure_level
+from specsweep.results.store import ResultsStore
+from specsweep.server.api import ServerAPI
+from specsweep.sweep import BenchTarget, SweepJob, measure_level, server_tokenizer
 from tests.helpers.sim import running_sim
 from tests.helpers.tokenizer import make_tokenizer
 
@@ -65,7 +65,7 @@ async def test_each_level_stores_how_its_prompts_were_counted_and_their_digest(t
                                ("spec", WorkloadConfig(input_len=32, output_len=4)),
                                ("local", WorkloadConfig(input_len=32, output_len=4, tokenizer=tmp_path / "tok")),
                                ("other", WorkloadConfig(input_len=32, output_len=4, seed=9))):
-            job = SweepJob(run_id=name, config_name=name, results=str(store), workload=workload, sweep=sweep)
+            job = SweepJob(run_id=name, config_name=name, store=store, workload=workload, sweep=sweep)
             rows[name] = await measure_level(BenchTarget(base_url=url), job, Level(index=0, mode="concurrency", value=2))
     assert rows["base"].prompt_tokens_by == "server" and rows["local"].prompt_tokens_by == "local"
     assert rows["base"].prompts_digest == rows["spec"].prompts_digest != rows["other"].prompts_digest

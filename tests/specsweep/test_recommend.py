@@ -1,18 +1,9 @@
-"""One answer from per-level verdicts, and the engines' own forms of it, checked against their rules."""
+"""One answer from per-level verdicts."""
 
 from __future__ import annotations
 
-import pytest
-
-from specsweep.engine_configs import (
-    check_sglang_adaptive_config,
-    check_vllm_speculative_config,
-    sglang_adaptive_config,
-    speculation_from_command,
-    vllm_speculative_config,
-)
-from specsweep.recommend import LevelVerdict, recommend, supported_thresholds
-from specsweep.stats import Verdict
+from specsweep.analysis.recommend import LevelVerdict, recommend, supported_thresholds
+from specsweep.analysis.stats import Verdict
 
 C = [1, 2, 4, 8]
 
@@ -112,58 +103,3 @@ def test_the_old_report_that_said_disable_at_8_now_says_undetermined() -> None:
     # 1.51x faster at 8 with an interval of [0.91, 3.40]: that interval decides nothing.
     rec = recommend(levels(["faster", "faster", "faster", "undetermined"]), 0.03)
     assert rec.status == "undetermined" and rec.between == (8, None)
-
-
-# -- the engines' forms --------------------------------------------------------------------------
-
-SGLANG = ("python -m sglang.launch_server --model-path /m/kimi --tp 8 --speculative-algorithm EAGLE3 "
-          "--speculative-draft-model-path /m/eagle3 --speculative-num-steps 3 --speculative-eagle-topk 1 "
-          "--speculative-num-draft-tokens 4")
-
-
-@pytest.mark.parametrize(("off", "schedule"), [(None, [[1, 4096, 3]]), (1, [[1, 4096, 0]]),
-                                                (2, [[1, 1, 3], [2, 4096, 0]]), (16, [[1, 15, 3], [16, 4096, 0]])])
-def test_vllm_config_is_a_list_vllm_accepts(off: int | None, schedule: list[list[int]]) -> None:
-    spec = speculation_from_command(SGLANG)
-    assert spec is not None
-    cfg = vllm_speculative_config(spec, off)
-    assert cfg == {"method": "eagle3", "model": "/m/eagle3", "num_speculative_tokens": 3,
-                   "num_speculative_tokens_per_batch_size": schedule}
-    check_vllm_speculative_config(cfg)
-
-
-@pytest.mark.parametrize(("schedule", "needle"), [
-    ({"1-7": 3, "8-4096": 0}, "vLLM refuses a dict"),  # what the old report printed
-    ([[2, 7, 3]], "must start at 1"),
-    ([[1, 8, 3], [8, 4096, 0]], "must not overlap"),
-    ([[1, 7, 3], [9, 4096, -1]], ">= 0"),
-    ([[1, 0, 3]], "not empty"),
-])
-def test_vllm_rules_refuse_what_vllm_refuses(schedule: object, needle: str) -> None:
-    with pytest.raises(ValueError, match=needle):
-        check_vllm_speculative_config({"num_speculative_tokens_per_batch_size": schedule})
-
-
-@pytest.mark.parametrize(("off", "want"), [(None, {"1": {"candidate_steps": [3]}}), (1, {"1": {"candidate_steps": [0]}}),
-                                            (8, {"1": {"candidate_steps": [3]}, "8": {"candidate_steps": [0]}})])
-def test_sglang_adaptive_file(off: int | None, want: dict[str, object]) -> None:
-    assert sglang_adaptive_config(3, off) == want
-
-
-@pytest.mark.parametrize(("cfg", "needle"), [({"small": {"candidate_steps": [3]}}, "not a batch size"),
-                                              ({"1": {"candidate_steps": [-1]}}, "integers >= 0"),
-                                              ({"1": {"candidate_steps": 3}}, "list"),
-                                              ({"8": {"candidate_steps": [0]}}, "smallest key must be 1")])
-def test_sglang_rules_refuse_what_sglang_refuses(cfg: dict[str, object], needle: str) -> None:
-    with pytest.raises(ValueError, match=needle):
-        check_sglang_adaptive_config(cfg)
-
-
-def test_speculation_read_from_each_engines_command() -> None:
-    llama = speculation_from_command("python -m specsweep.llamacpp.launcher -m t.gguf -md /m/draft.gguf "
-                                     "--spec-type draft-simple --spec-draft-n-max 4 --port 8081")
-    assert llama is not None and (llama.method, llama.model, llama.num_speculative_tokens) == ("draft_model", "/m/draft.gguf", 4)
-    vllm = speculation_from_command("python -m vllm.entrypoints.openai.api_server --model M --speculative-config "
-                                    """'{"method": "draft_model", "model": "D", "num_speculative_tokens": 5}'""")
-    assert vllm is not None and (vllm.method, vllm.model, vllm.num_speculative_tokens) == ("draft_model", "D", 5)
-    assert speculation_from_command("python -m sglang.launch_server --model-path M") is None

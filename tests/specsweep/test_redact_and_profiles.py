@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from specsweep.engines.sglang import baseline as sglang_baseline
+from specsweep.engines.sglang import eagle3 as sglang_eagle3
 from specsweep.errors import ConfigError
-from specsweep.presets import sglang_baseline, sglang_eagle3
 from specsweep.profiles import load_profile
 from specsweep.redact import RedactingLogger, Redactor, mask_argv, mask_env
 
@@ -111,10 +112,10 @@ def test_sglang_presets() -> None:
 
 
 def test_sglang_settings_take_its_tuning_flags() -> None:
-    from specsweep.settings import SGLangSettings
+    from specsweep.engines.sglang import SGLangSettings
 
     s = SGLangSettings(num_steps=5, eagle_topk=1, cuda_graph_max_bs=32, max_running_requests=64)
-    argv = s.profile("eagle3").launch_argv()
+    argv = s.profile("speculative").launch_argv()
     for flag, value in (("--speculative-num-steps", "5"), ("--speculative-eagle-topk", "1"),
                         ("--speculative-num-draft-tokens", "6"), ("--cuda-graph-max-bs", "32"),
                         ("--max-running-requests", "64")):
@@ -123,7 +124,7 @@ def test_sglang_settings_take_its_tuning_flags() -> None:
 
 
 def test_vllm_presets_run_the_api_server_module_with_the_given_python() -> None:
-    from specsweep.presets import by_name
+    from specsweep.engines import preset as by_name
 
     draft = by_name("vllm-draft", model_path="/m/llama", draft_model_path="/m/draft", python="/opt/vllm/bin/python")
     argv = draft.launch_argv()

@@ -14,7 +14,7 @@ import pytest
 from specsweep.errors import ServerStartError
 from specsweep.hosts import LocalHost
 from specsweep.hosts.base import _START_SCRIPT, env_script
-from specsweep.lifecycle import kill_server, start_server
+from specsweep.server.lifecycle import kill_server, start_server
 from tests.conftest import MakeToy, pids_with_env, wait_ready
 from tests.helpers.other_user import ensure_user
 

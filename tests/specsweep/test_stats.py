@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 import pytest
 
-from specsweep.decision import DecisionConfig, pair_needs_more
+from specsweep.analysis.decision import DecisionConfig, pair_needs_more
+from specsweep.analysis.stats import RatioInterval, ratio_interval, simultaneous_confidence, t_quantile, verdict
 from specsweep.records import LevelRow
-from specsweep.stats import RatioInterval, ratio_interval, simultaneous_confidence, t_quantile, verdict
 
 TRUE_RATIOS = (0.8, 0.95, 1.0, 1.02, 1.1, 1.3)
 

@@ -8,13 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from specsweep.decision import DecisionConfig
-from specsweep.engine_configs import check_sglang_adaptive_config, check_vllm_speculative_config
+from specsweep.analysis.decision import DecisionConfig
+from specsweep.analysis.tuning import grid_points, tune_runs
+from specsweep.engines.llamacpp import LlamaCppSettings
+from specsweep.engines.sglang import SGLangSettings
+from specsweep.engines.sglang import check_adaptive_config as check_sglang_adaptive_config
+from specsweep.engines.vllm import VLLMSettings
+from specsweep.engines.vllm import check_speculative_config as check_vllm_speculative_config
 from specsweep.errors import ConfigError
 from specsweep.records import RunRow
-from specsweep.settings import LlamaCppSettings, SGLangSettings, VLLMSettings
-from specsweep.store import ResultsStore
-from specsweep.tuning import grid_points, tune_runs, write_tuning_report
+from specsweep.reports.folders import write_tuning_report
+from specsweep.results.store import ResultsStore
 from tests.specsweep.test_compare import rows
 
 VLLM = VLLMSettings(model="/m/llama", method="draft_model", draft_model="/m/draft")
@@ -47,7 +51,7 @@ def grid_store(root: Path, base: dict[int, list[float]], points: dict[int, dict[
 
 
 def test_the_best_k_per_range_becomes_vllms_schedule(tmp_path: Path) -> None:
-    points = grid_points("vllm", {"num_speculative_tokens": [1, 3, 5]}, VLLM)
+    points = grid_points(VLLM, {"num_speculative_tokens": [1, 3, 5]})
     assert [(p.label, p.k) for p in points] == [("k1", 1), ("k3", 3), ("k5", 5)]
     store = grid_store(tmp_path / "res", BASE, K)
     tuning = tune_runs(store, "vllm", "base", {"k1": "k1", "k3": "k3", "k5": "k5"}, points, DecisionConfig())
@@ -56,11 +60,11 @@ def test_the_best_k_per_range_becomes_vllms_schedule(tmp_path: Path) -> None:
     assert tuning.recommendation.status == "decided" and tuning.recommendation.speculation_off_from == 16
     assert [(r.batch_from, r.batch_to, r.point, r.k) for r in tuning.ranges] == [
         (1, 3, "k5", 5), (4, 7, "k3", 3), (8, 15, "k1", 1), (16, 4096, None, 0)]
-    cfg = tuning.vllm_speculative_config
+    assert tuning.setting is not None and tuning.setting.engine == "vllm"  # a vLLM grid gives vLLM's form
+    cfg = tuning.setting.content
     assert cfg == {"method": "draft_model", "model": "/m/draft", "num_speculative_tokens": 5,
                    "num_speculative_tokens_per_batch_size": [[1, 3, 5], [4, 7, 3], [8, 15, 1], [16, 4096, 0]]}
     check_vllm_speculative_config(cfg)
-    assert tuning.sglang_adaptive_config is None  # a vLLM grid gives vLLM's form
     # A grid has only the sequential design: the comparison's advice to alternate is replaced by what applies.
     assert not any("not taken alternately" in n for n in tuning.notes)
     assert any("one server at a time" in n and "compare-speculation" in n for n in tuning.notes), tuning.notes
@@ -81,37 +85,37 @@ def test_the_best_k_per_range_becomes_vllms_schedule(tmp_path: Path) -> None:
 
 
 def test_sglang_grid_gives_candidate_steps_per_batch_tier(tmp_path: Path) -> None:
-    points = grid_points("sglang", {"num_steps": [1, 3, 5]}, SGLangSettings())
+    points = grid_points(SGLangSettings(), {"num_steps": [1, 3, 5]})
     assert [p.label for p in points] == ["steps1", "steps3", "steps5"]
     store = grid_store(tmp_path / "res", BASE, K, command=SGLANG_SPEC, engine="sglang")
     tuning = tune_runs(store, "sglang", "base", {f"steps{k}": f"k{k}" for k in (1, 3, 5)}, points, DecisionConfig())
-    cfg = tuning.sglang_adaptive_config
+    assert tuning.setting is not None and tuning.setting.engine == "sglang"
+    cfg = tuning.setting.content
     assert cfg == {"1": {"candidate_steps": [5]}, "4": {"candidate_steps": [3]}, "8": {"candidate_steps": [1]},
                    "16": {"candidate_steps": [0]}}
     check_sglang_adaptive_config(cfg)
-    assert tuning.sglang_flags is not None and "--speculative-num-steps 5 --speculative-eagle-topk 1" in tuning.sglang_flags
-    assert tuning.vllm_speculative_config is None
+    assert tuning.setting.flags is not None and "--speculative-num-steps 5 --speculative-eagle-topk 1" in tuning.setting.flags
 
 
 def test_one_setting_paying_everywhere_keeps_it_on_for_every_batch(tmp_path: Path) -> None:
     fast = {c: [x * 1.3 for x in v] for c, v in BASE.items()}
     store = grid_store(tmp_path / "res", BASE, {3: fast, 5: {c: [x * 1.1 for x in v] for c, v in BASE.items()}})
-    points = grid_points("vllm", {"num_speculative_tokens": [3, 5]}, VLLM)
+    points = grid_points(VLLM, {"num_speculative_tokens": [3, 5]})
     tuning = tune_runs(store, "vllm", "base", {"k3": "k3", "k5": "k5"}, points, DecisionConfig())
     assert tuning.recommendation.speculation_off_from is None
-    assert tuning.vllm_speculative_config is not None
-    assert tuning.vllm_speculative_config["num_speculative_tokens_per_batch_size"] == [[1, 4096, 3]]
-    assert tuning.vllm_speculative_config["num_speculative_tokens"] == 3
+    assert tuning.setting is not None
+    assert tuning.setting.content["num_speculative_tokens_per_batch_size"] == [[1, 4096, 3]]
+    assert tuning.setting.content["num_speculative_tokens"] == 3
 
 
 def test_an_open_level_leaves_the_grid_undetermined_and_names_it(tmp_path: Path) -> None:
     noisy = {**K[3], 16: [760, 640, 720, 690]}  # k3 at 16 could be either side of the baseline
     store = grid_store(tmp_path / "res", BASE, {1: K[1], 3: noisy})
-    points = grid_points("vllm", {"num_speculative_tokens": [1, 3]}, VLLM)
+    points = grid_points(VLLM, {"num_speculative_tokens": [1, 3]})
     tuning = tune_runs(store, "vllm", "base", {"k1": "k1", "k3": "k3"}, points, DecisionConfig())
     assert tuning.levels[-1].best == "k3" and tuning.levels[-1].verdict == "undetermined"
     assert tuning.recommendation.status == "undetermined" and 16 in tuning.recommendation.measure_next
-    assert tuning.ranges == [] and tuning.vllm_speculative_config is None
+    assert tuning.ranges == [] and tuning.setting is None
 
 
 @pytest.mark.parametrize(("engine", "grid", "settings", "words"), [
@@ -131,13 +135,13 @@ def test_an_open_level_leaves_the_grid_undetermined_and_names_it(tmp_path: Path)
 ])
 def test_a_bad_grid_is_refused_naming_the_field(engine: str, grid: dict, settings: object, words: str) -> None:
     with pytest.raises(ConfigError) as info:
-        grid_points(engine, grid, settings)  # type: ignore[arg-type]
+        grid_points(settings, grid)  # type: ignore[arg-type]
     assert words in str(info.value)
 
 
 def test_the_default_grids_are_small_and_valid() -> None:
-    assert [p.label for p in grid_points("llamacpp", None, LlamaCppSettings())] == ["dmax2", "dmax4", "dmax8"]
-    assert [p.k for p in grid_points("vllm", None, VLLM)] == [1, 3, 5]
-    p = grid_points("llamacpp", {"draft_max": [4], "draft_p_min": [0.5, 0.8]}, LlamaCppSettings())
+    assert [p.label for p in grid_points(LlamaCppSettings(), None)] == ["dmax2", "dmax4", "dmax8"]
+    assert [p.k for p in grid_points(VLLM, None)] == [1, 3, 5]
+    p = grid_points(LlamaCppSettings(), {"draft_max": [4], "draft_p_min": [0.5, 0.8]})
     assert [x.label for x in p] == ["dmax4-pmin0.5", "dmax4-pmin0.8"] and p[0].values == {"draft_max": 4,
                                                                                          "draft_p_min": 0.5}

@@ -7,8 +7,10 @@ from prefect import flow
 from prefect.context import get_run_context
 
 from flows.server_lifecycle import server_lifecycle
+from specsweep.bench.config import RequestOptions
 from specsweep.hosts import HostConfig, open_host
-from specsweep.stages import LifecycleOptions, StageOptions
+from specsweep.parameters import LifecycleOptions, StageOptions
+from tasks.server import kill_server, start_server, wait_for_health
 from tests.conftest import MakeToy, pids_alive, pids_with_marker
 from tests.helpers.logs import flow_logs
 
@@ -48,22 +50,19 @@ async def test_startup_crash_fails_flow_with_log_tail(make_toy: MakeToy) -> None
 
 
 async def test_tasks_over_ssh(ssh_host_config: HostConfig, make_toy: MakeToy) -> None:
-    from tasks.server import kill_server, open_server_path, start_server, wait_for_health
-
     profile = make_toy("--spawn-grandchild")
 
     @flow
     async def over_ssh() -> list[int]:
         host = open_host(ssh_host_config)
-        path = await open_server_path(host, ssh_host_config, profile, "test")
-        assert path.tunnel is not None  # an SSH host's server is reached through a tunnel
-        handle = await start_server(host, profile)
-        await wait_for_health(host, profile, handle, path)
-        report = await kill_server(host, profile, handle)
-        path.close()
+        await kill_server(host, profile)
+        async with start_server(host, profile, RequestOptions(), LifecycleOptions(), marker="test") as server:
+            assert server.path.tunnel is not None  # an SSH host's server is reached through a tunnel
+            await wait_for_health(server)
         host.close()
-        assert get_run_context() is not None
-        return [k.pid for k in report.killed]
+        assert get_run_context() is not None and server.killed is not None
+        assert server.path.tunnel.problem() is not None  # the tunnel closed with the block
+        return [k.pid for k in server.killed.killed]
 
     killed = await over_ssh()
     assert len(killed) >= 3 and pids_alive(killed) == []

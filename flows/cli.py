@@ -1,0 +1,160 @@
+"""The ``specsweep`` command: the core's commands (``specsweep.cli``: server, preset, bench, runs, report,
+compare, ...) and the flows', which run a flow in this process (Prefect starts a temporary local
+server when none is configured) and print the answer:
+
+    specsweep compare-local [--concurrency 1,2,4,8] [--num-prompts 12] [--output-len 64] [--design alternate]
+    specsweep tune [--engine vllm --settings vllm.json] [--grid num_speculative_tokens=1,3,5] [--host-config h.json]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+from typing import Annotated, Any, Optional  # noqa: UP035 - typer reads Optional
+
+import typer
+from pydantic import ValidationError
+
+from flows.compare_speculation import LOCAL_BENCHMARK, LOCAL_DECISION, compare_local_llamacpp
+from flows.tune_speculation import grid_profiles, tune_speculation
+from specsweep import engines
+from specsweep.cli import app
+from specsweep.cli.options import (
+    Budget,
+    HostFile,
+    Levels,
+    Margin,
+    NumPrompts,
+    OutputLen,
+    Results,
+    fail,
+    host_config,
+    number,
+    numbers,
+    setup_logging,
+)
+from specsweep.engines.llamacpp import LlamaCppSettings
+from specsweep.engines.sglang import SGLangSettings
+from specsweep.engines.vllm import VLLMSettings
+from specsweep.errors import ConfigError, SpecsweepError
+from specsweep.parameters import BenchmarkSettings
+from specsweep.profiles import describe_validation_error
+from specsweep.reports.folders import comparison_folder, tuning_folder
+from specsweep.reports.tables import print_comparison, print_tuning
+
+_SWEEP, _WORKLOAD = LOCAL_BENCHMARK.sweep, LOCAL_BENCHMARK.workload
+
+
+def _benchmark(levels: str, num_prompts: int, output_len: int, results: str) -> BenchmarkSettings:
+    return LOCAL_BENCHMARK.model_copy(update={
+        "sweep": _SWEEP.model_copy(update={"concurrency": numbers(levels, int, "--concurrency"),
+                                           "num_requests": num_prompts}),
+        "workload": _WORKLOAD.model_copy(update={"output_len": output_len}),
+        "results": results,
+    })
+
+
+@app.command("compare-local")
+def compare_local(
+    levels: Levels = ",".join(map(str, _SWEEP.concurrency)),
+    num_prompts: NumPrompts = _SWEEP.num_requests,
+    output_len: OutputLen = _WORKLOAD.output_len,
+    design: Annotated[str, typer.Option(help="alternate: baseline and speculative blocks in turn; sequential: one "
+                                        "configuration, then the other.")] = LOCAL_DECISION.design,
+    margin: Margin = LOCAL_DECISION.margin,
+    max_requests_per_level: Budget = LOCAL_DECISION.max_requests_per_level,
+    results: Results = LOCAL_BENCHMARK.results,
+) -> None:
+    """The main job: llama.cpp baseline vs draft speculation on this machine's CPU (compare-local-llamacpp),
+    then the comparison table, the answer and where the data and report are."""
+    setup_logging()
+    t0 = time.monotonic()
+    try:
+        if design not in ("alternate", "sequential"):
+            raise ConfigError(f"--design must be alternate or sequential (got {design!r})")
+        decision = LOCAL_DECISION.model_copy(update={"design": design, "margin": margin,
+                                                     "max_requests_per_level": max_requests_per_level})
+        result = asyncio.run(compare_local_llamacpp(benchmark=_benchmark(levels, num_prompts, output_len, results),
+                                                    decision=decision))
+    except SpecsweepError as exc:
+        fail(exc)
+    print_comparison(result.comparison)
+    comp = result.comparison
+    typer.echo(f"\nruns: {result.baseline.run_id} (baseline), {result.speculative.run_id} (speculative)")
+    typer.echo(f"Parquet data: {result.results}/runs, /levels, /requests (partitioned by run_id)")
+    typer.echo(f"report and plots: {result.results}/{comparison_folder(comp)}/")
+    typer.echo(f"total time: {time.monotonic() - t0:.0f} s")
+
+
+def _grid(items: list[str]) -> dict[str, list[int | float]] | None:
+    grid: dict[str, list[int | float]] = {}
+    for item in items:
+        key, sep, values = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--grid takes FIELD=V1,V2,... such as draft_max=2,4,8 (got {item!r})")
+        grid[key.strip()] = numbers(values, number, f"--grid {key.strip()}") or []
+    return grid or None
+
+
+def _settings(engine: str, path: Path | None) -> LlamaCppSettings | VLLMSettings | SGLangSettings:
+    if path is None and engine != "llamacpp":
+        raise ConfigError(f"--engine {engine} needs --settings FILE: the model and how to start it")
+    try:
+        data: dict[str, Any] = json.loads(path.read_text()) if path else {}
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"--settings {path}: cannot read it as JSON ({exc})") from None
+    try:
+        settings = engines.get(engine, "--engine").settings.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, f"--settings ({engine})")) from None
+    assert isinstance(settings, LlamaCppSettings | VLLMSettings | SGLangSettings)
+    return settings
+
+
+@app.command("tune")
+def tune(
+    engine: Annotated[str, typer.Option(help=f"One of {', '.join(engines.ENGINES)}.")] = "llamacpp",
+    settings: Annotated[Optional[Path], typer.Option(
+        help="The engine's settings (JSON, as the flow's parameter); default the local llama.cpp's.")] = None,
+    grid: Annotated[Optional[list[str]], typer.Option(
+        help="A speculation field and its values, FIELD=V1,V2 (repeatable); default the engine's small grid.")] = None,
+    host_file: HostFile = None,
+    levels: Levels = ",".join(map(str, _SWEEP.concurrency)),
+    num_prompts: NumPrompts = _SWEEP.num_requests,
+    output_len: OutputLen = _WORKLOAD.output_len,
+    margin: Margin = LOCAL_DECISION.margin,
+    max_requests_per_level: Budget = LOCAL_DECISION.max_requests_per_level,
+    results: Results = LOCAL_BENCHMARK.results,
+) -> None:
+    """The grid (tune-speculation): speculative settings x concurrency levels, the best setting per range, in
+    the engine's own per-batch form."""
+    setup_logging()
+    t0 = time.monotonic()
+    try:
+        chosen = _settings(engine, settings)
+        points = _grid(grid or [])
+        grid_profiles({engine: chosen, "grid": points})  # a bad grid is refused before any flow run
+        decision = LOCAL_DECISION.model_copy(update={"design": "sequential", "margin": margin,
+                                                     "max_requests_per_level": max_requests_per_level})
+        result = asyncio.run(tune_speculation(
+            **{engine: chosen}, grid=points, host=host_config(host_file),  # type: ignore[arg-type]
+            benchmark=_benchmark(levels, num_prompts, output_len, results), decision=decision))
+    except SpecsweepError as exc:
+        fail(exc)
+    print_tuning(result.tuning)
+    typer.echo(f"\nruns: {result.baseline.run_id} (baseline), " + ", ".join(r.run_id for r in result.points.values()))
+    typer.echo(f"report and plot: {result.results}/{tuning_folder(result.tuning)}/")
+    typer.echo(f"total time: {time.monotonic() - t0:.0f} s")
+
+
+def main() -> None:
+    # A temporary local Prefect server has no network to report usage to: do not try.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""Compare a baseline run with a speculative run: per level a verdict, then one answer.
+
+Per concurrency level: both configurations' throughput (geometric mean over blocks, with
+its interval), latency (TTFT and TPOT, p50 and p99), the ratio speculative / baseline with
+its interval and verdict (``stats``: paired when the blocks alternated), then the
+recommendation (``recommend``) and, when decided, the setting in the form the measured
+engine loads (``specsweep.engines``). Data only: ``specsweep.reports`` writes it for people.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Sequence
+
+from pydantic import BaseModel, Field
+
+from specsweep import engines
+from specsweep.analysis.decision import DecisionConfig, level_verdict
+from specsweep.analysis.recommend import LevelVerdict, Recommendation, recommend
+from specsweep.analysis.stats import Verdict, t_quantile
+from specsweep.engines import PerBatchSetting, SpeculationSettings
+from specsweep.errors import ConfigError
+from specsweep.records import LevelRow, RunRow
+from specsweep.results import ResultsStore
+
+FINGERPRINT_KEYS = ("gpu", "gpu_count", "driver", "engine_version", "model")
+
+
+class LevelComparison(BaseModel):
+    concurrency: int
+    blocks: tuple[int, int] = Field(description="Blocks measured (baseline, speculative).")
+    requests: tuple[int, int] = Field(description="Measured requests (baseline, speculative).")
+    baseline_tokens_per_s: float = Field(description="Geometric mean over the blocks.")
+    speculative_tokens_per_s: float
+    baseline_interval: tuple[float, float] | None = Field(None, description="95 % interval of the baseline's mean.")
+    speculative_interval: tuple[float, float] | None = None
+    ratio: float = Field(description="speculative / baseline output throughput")
+    ratio_low: float | None = Field(None, description="Interval of the ratio (None: fewer than two blocks).")
+    ratio_high: float | None = None
+    confidence: float = Field(description="Confidence of each look at the level (simultaneous over the looks).")
+    paired: bool
+    verdict: Verdict
+    baseline_ttft_ms: float | None = None
+    speculative_ttft_ms: float | None = None
+    baseline_ttft_p99_ms: float | None = None
+    speculative_ttft_p99_ms: float | None = None
+    baseline_tpot_ms: float | None = None
+    speculative_tpot_ms: float | None = None
+    baseline_tpot_p99_ms: float | None = None
+    speculative_tpot_p99_ms: float | None = None
+    speculative_accept_length: float | None = None
+    speculative_acceptance_rate: float | None = None
+
+    def as_verdict(self) -> LevelVerdict:
+        return LevelVerdict(concurrency=self.concurrency, verdict=self.verdict, ratio=self.ratio,
+                            baseline_tokens_per_s=self.baseline_tokens_per_s,
+                            speculative_tokens_per_s=self.speculative_tokens_per_s)
+
+
+class Comparison(BaseModel):
+    baseline: str
+    speculative: str
+    levels: list[LevelComparison]
+    recommendation: Recommendation
+    margin: float
+    design: str | None = None
+    speculation: SpeculationSettings | None = Field(None, description="What the speculative configuration drafts.")
+    setting: PerBatchSetting | None = Field(None, description="Decided: the answer in the form the measured "
+                                            "engine loads (its file and flags, or a note where it has none).")
+    notes: list[str] = Field(default_factory=list)
+    baseline_run_id: str | None = None
+    speculative_run_id: str | None = None
+    host: str | None = None
+
+    @property
+    def summary(self) -> str:
+        return self.recommendation.reason
+
+
+def check_fingerprints(base_run: RunRow, spec_run: RunRow, allow_mismatch: bool) -> list[str]:
+    """Differences between the two runs' environments; raises unless allow_mismatch."""
+    diffs = []
+    for key in FINGERPRINT_KEYS:
+        a, b = getattr(base_run, key), getattr(spec_run, key)
+        if a is None or b is None:
+            continue
+        if str(a) != str(b):
+            diffs.append(f"{key}: {a!r} vs {b!r}")
+    if diffs and not allow_mismatch:
+        raise ConfigError(
+            "the two runs were measured in different environments (" + "; ".join(diffs) + "). Comparing them would "
+            "mix hardware or software differences into the result; rerun on the same host, or pass "
+            "allow_mismatch (--allow-mismatch) if you know the difference does not matter."
+        )
+    return diffs
+
+
+def _by_level(rows: Sequence[LevelRow]) -> dict[int, list[LevelRow]]:
+    out: dict[int, list[LevelRow]] = {}
+    for r in sorted(rows, key=lambda r: (r.level_index, r.repeat)):
+        if r.mode == "concurrency" and r.concurrency is not None:
+            out.setdefault(r.concurrency, []).append(r)
+    return out
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    xs = [v for v in values if v is not None]
+    return statistics.median(xs) if xs else None
+
+
+def _mean_interval(rows: Sequence[LevelRow]) -> tuple[float, tuple[float, float] | None]:
+    logs = [math.log(max(r.output_tokens_per_s, 1e-9)) for r in rows]
+    mean = statistics.fmean(logs)
+    if len(logs) < 2:
+        return math.exp(mean), None
+    half = t_quantile(0.975, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(mean), (math.exp(mean - half), math.exp(mean + half))
+
+
+def compare_levels(base_rows: Sequence[LevelRow], spec_rows: Sequence[LevelRow], *, decision: DecisionConfig,
+                   paired: bool, num_requests: int, baseline_name: str = "baseline",
+                   speculative_name: str = "speculative") -> Comparison:
+    base, spec = _by_level(base_rows), _by_level(spec_rows)
+    common = sorted(set(base) & set(spec))
+    if not common:
+        raise ConfigError(
+            f"the runs share no concurrency level (baseline {sorted(base)}, speculative {sorted(spec)}): "
+            "measure both with the same concurrency list"
+        )
+    levels = []
+    for c in common:
+        b, s = base[c], spec[c]
+        interval, v = level_verdict(b, s, decision, paired=paired, num_requests=num_requests)
+        b_mean, b_int = _mean_interval(b)
+        s_mean, s_int = _mean_interval(s)
+        levels.append(LevelComparison(
+            concurrency=c, blocks=(len(b), len(s)), requests=(sum(r.requests for r in b), sum(r.requests for r in s)),
+            baseline_tokens_per_s=b_mean, speculative_tokens_per_s=s_mean, baseline_interval=b_int,
+            speculative_interval=s_int, ratio=interval.ratio, ratio_low=interval.low, ratio_high=interval.high,
+            confidence=interval.confidence, paired=paired, verdict=v,
+            baseline_ttft_ms=_median([r.ttft_ms_median for r in b]), speculative_ttft_ms=_median([r.ttft_ms_median for r in s]),
+            baseline_ttft_p99_ms=_median([r.ttft_ms_p99 for r in b]),
+            speculative_ttft_p99_ms=_median([r.ttft_ms_p99 for r in s]),
+            baseline_tpot_ms=_median([r.tpot_ms_median for r in b]), speculative_tpot_ms=_median([r.tpot_ms_median for r in s]),
+            baseline_tpot_p99_ms=_median([r.tpot_ms_p99 for r in b]),
+            speculative_tpot_p99_ms=_median([r.tpot_ms_p99 for r in s]),
+            speculative_accept_length=_median([r.spec_accept_length for r in s]),
+            speculative_acceptance_rate=_median([r.spec_acceptance_rate for r in s]),
+        ))
+    rec = recommend([lv.as_verdict() for lv in levels], decision.margin)
+    return Comparison(baseline=baseline_name, speculative=speculative_name, levels=levels, recommendation=rec,
+                      margin=decision.margin)
+
+
+def off_starts(k: int, off_from: int | None) -> list[tuple[int, int]]:
+    """(first batch size, K) for "K below off_from, 0 from it on"."""
+    if off_from is None:
+        return [(1, k)]
+    if off_from <= 1:
+        return [(1, 0)]
+    return [(1, k), (off_from, 0)]
+
+
+def with_engine_setting(comp: Comparison, speculation: SpeculationSettings | None) -> Comparison:
+    """The decided answer in the form the measured engine loads."""
+    comp.speculation = speculation
+    if comp.recommendation.status != "decided" or speculation is None:
+        return comp
+    k = speculation.num_speculative_tokens
+    comp.setting = engines.per_batch_setting(speculation, off_starts(k, comp.recommendation.speculation_off_from), k)
+    return comp
+
+
+def compare_runs(store: ResultsStore, baseline_run_id: str, speculative_run_id: str, *,
+                 decision: DecisionConfig | None = None) -> Comparison:
+    """Compare two runs from the store (the CLI's ``compare`` and the flows' comparison task). Without
+    ``decision``, the speculative run's own decision settings (or the defaults) apply."""
+    base_run, spec_run = store.run(baseline_run_id), store.run(speculative_run_id)
+    if decision is None:
+        decision = DecisionConfig.model_validate_json(spec_run.decision_json) if spec_run.decision_json else DecisionConfig()
+    diffs = check_fingerprints(base_run, spec_run, decision.allow_mismatch)
+    paired = (base_run.design or "").startswith("alternate") and base_run.design == spec_run.design
+    num_requests = int(json.loads(spec_run.sweep_json or "{}").get("num_requests", 32))
+    base_rows, spec_rows = store.level_rows(baseline_run_id), store.level_rows(speculative_run_id)
+    comp = compare_levels(base_rows, spec_rows, decision=decision, paired=paired, num_requests=num_requests,
+                          baseline_name=base_run.config_name, speculative_name=spec_run.config_name)
+    comp.baseline_run_id, comp.speculative_run_id, comp.host = baseline_run_id, speculative_run_id, base_run.host
+    comp.design = base_run.design if base_run.design == spec_run.design else None
+    if not paired:
+        comp.notes.append("The blocks were not taken alternately (sequential design): drift of the machine between the "
+                          "two configurations is not cancelled out; the alternate design is more robust.")
+    if diffs:
+        comp.notes.append("Compared despite different environments: " + "; ".join(diffs))
+    if differ := prompts_differ(base_rows, spec_rows):
+        comp.notes.append("The two configurations were not sent the same prompts at " + ", ".join(differ) +
+                          " (their prompt digests differ: another workload, seed or tokenizer): the comparison there is "
+                          "not paired by prompt.")
+    return with_engine_setting(comp, engines.speculation_of(spec_run.command, spec_run.engine))
+
+
+def prompts_differ(base: list[LevelRow], spec: list[LevelRow]) -> list[str]:
+    """The blocks (level and repeat) whose two configurations were sent different prompts."""
+    digests = {(r.concurrency, r.request_rate_per_s, r.repeat): r.prompts_digest for r in base}
+    return [f"{r.label} block {r.repeat}" for r in spec
+            if r.prompts_digest and digests.get((r.concurrency, r.request_rate_per_s, r.repeat), r.prompts_digest)
+            not in (None, r.prompts_digest)]

@@ -1,0 +1,239 @@
+"""The speculative-parameter grid: which setting pays best at each concurrency, and the answer in
+the engines' own per-batch forms.
+
+A grid names speculation fields of an engine's settings (each engine's module lists the fields
+a grid may vary, and which is its K) with the values to try; its points are every combination.
+
+Each point is compared with the baseline level by level exactly as one comparison is
+(``specsweep.analysis.compare``: the same intervals and verdicts). At each level the best point is
+the one whose verdict is best (faster, then undetermined, then equivalent, then slower),
+then whose throughput is highest. "From which concurrency is speculation off" is
+``specsweep.analysis.recommend`` over those best points, the same rule as a comparison's; below
+that threshold each concurrency range gets its best point, and the ranges (the best K per range,
+0 from the threshold on) become the per-batch setting the engine loads, where it has one; else
+the ranges themselves, for a router.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from specsweep import engines
+from specsweep.analysis.compare import Comparison, compare_runs
+from specsweep.analysis.decision import DecisionConfig
+from specsweep.analysis.recommend import LevelVerdict, Recommendation, recommend
+from specsweep.analysis.stats import Verdict
+from specsweep.engines import EngineSettings, PerBatchSetting, SpeculationSettings
+from specsweep.engines.base import MAX_BATCH
+from specsweep.errors import ConfigError
+from specsweep.results import ResultsStore
+
+#: Each point restarts the server and measures every level: a larger grid is a mistake more often than not.
+MAX_POINTS = 24
+_RANK: dict[str, int] = {"faster": 0, "undetermined": 1, "equivalent": 2, "slower": 3}
+SEQUENTIAL_NOTE = "The blocks were not taken alternately"
+
+
+class GridPoint(BaseModel):
+    """One setting of the grid: the fields it sets, and the K it drafts."""
+
+    model_config = ConfigDict(frozen=True)
+
+    label: str = Field(description="Short name, e.g. k3 or steps3-topk1 (the profile's name ends with it).")
+    values: dict[str, int | float]
+    k: int = Field(ge=1, description="Tokens drafted per step: the value of the engine's K field.")
+
+
+def _label(engine: str, values: Mapping[str, int | float]) -> str:
+    short = engines.get(engine).grid_fields
+    return "-".join(f"{short[k]}{v:g}" if isinstance(v, float) else f"{short[k]}{v}" for k, v in values.items())
+
+
+def grid_points(settings: EngineSettings, grid: Mapping[str, Sequence[int | float]] | None) -> list[GridPoint]:
+    """The grid's points, each checked against the engine's settings. Errors name the field and the fix."""
+    engine = engines.of_settings(settings)
+    fields = engine.grid_fields
+    grid = dict(grid) if grid else dict(engine.default_grid)
+    for key, listed in grid.items():
+        if key not in fields:
+            raise ConfigError(f"grid.{key} is not a {engine.label} speculation setting: the grid takes "
+                              f"{', '.join(fields)}")
+        if not isinstance(listed, list | tuple) or not listed:
+            raise ConfigError(f"grid.{key} must be a non-empty list of values, e.g. {dict(engine.default_grid)}")
+        if len(set(listed)) != len(listed):
+            raise ConfigError(f"grid.{key} lists a value twice ({list(listed)}): each point is measured once")
+    keys = [k for k in fields if k in grid]
+    count = 1
+    for k in keys:
+        count *= len(grid[k])
+    if count > MAX_POINTS:
+        raise ConfigError(f"the grid has {count} points ({' x '.join(str(len(grid[k])) for k in keys)}); at most "
+                          f"{MAX_POINTS}: each point restarts the server and measures every level. Narrow a list.")
+    points = []
+    for combo in itertools.product(*(grid[k] for k in keys)):
+        values = dict(zip(keys, combo, strict=True))
+        label = _label(engine.name, values)
+        variant = point_settings(settings, values, label)
+        points.append(GridPoint(label=label, values=values, k=int(getattr(variant, engine.k_field))))
+    return points
+
+
+def point_settings(settings: EngineSettings, values: Mapping[str, int | float], label: str) -> EngineSettings:
+    """The engine settings with one point's values in place; refused, naming the point and field, where invalid."""
+    try:
+        variant = type(settings).model_validate({**settings.model_dump(), **values})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        if first["loc"]:
+            where = ".".join(str(x) for x in first["loc"])
+            raise ConfigError(f"grid point {label}: {where}: {first['msg']} (got {first.get('input')!r})") from None
+        raise ConfigError(f"grid point {label}: {first['msg'].removeprefix('Value error, ')}") from None
+    return variant
+
+
+# -- the answer ----------------------------------------------------------------------------------
+
+
+class PointLevel(BaseModel):
+    """One grid point at one level, against the baseline."""
+
+    ratio: float
+    ratio_low: float | None = None
+    ratio_high: float | None = None
+    verdict: Verdict
+    tokens_per_s: float
+    blocks: int
+    accept_length: float | None = None
+
+
+class LevelChoice(BaseModel):
+    concurrency: int
+    baseline_tokens_per_s: float
+    best: str = Field(description="The grid point that does best at this level.")
+    verdict: Verdict = Field(description="The best point's verdict against the baseline.")
+    ratio: float
+    points: dict[str, PointLevel]
+
+
+class SettingRange(BaseModel):
+    """Batch sizes (running requests) from ``batch_from`` to ``batch_to`` and the setting for them."""
+
+    batch_from: int
+    batch_to: int
+    point: str | None = Field(description="The grid point; None: speculation off.")
+    k: int = Field(description="Tokens drafted per step; 0: off.")
+    values: dict[str, int | float] = Field(default_factory=dict)
+
+
+class Tuning(BaseModel):
+    engine: str
+    baseline: str
+    baseline_run_id: str
+    points: list[GridPoint]
+    run_ids: dict[str, str] = Field(description="Each point's run id, by label.")
+    levels: list[LevelChoice]
+    recommendation: Recommendation
+    ranges: list[SettingRange] = Field(default_factory=list, description="Decided: the setting per batch-size range.")
+    setting: PerBatchSetting | None = Field(None, description="Decided: the ranges in the form the engine loads.")
+    margin: float
+    host: str | None = None
+    notes: list[str] = Field(default_factory=list)
+
+    @property
+    def summary(self) -> str:
+        if self.recommendation.status != "decided":
+            return self.recommendation.reason
+        return "; ".join(_range_words(r) for r in self.ranges) + ". " + self.recommendation.reason
+
+
+def _range_words(r: SettingRange) -> str:
+    batches = f"{r.batch_from}-{r.batch_to}" if r.batch_to < MAX_BATCH else f"{r.batch_from} and more"
+    return f"{batches} in flight: " + (f"{r.point}" if r.point else "off")
+
+
+def best_per_level(comparisons: Mapping[str, Comparison]) -> list[LevelChoice]:
+    """At each level measured by every point, the point that does best there."""
+    by_point = {label: {lv.concurrency: lv for lv in comp.levels} for label, comp in comparisons.items()}
+    common = sorted(set.intersection(*(set(levels) for levels in by_point.values()))) if by_point else []
+    choices = []
+    for c in common:
+        points = {label: PointLevel(ratio=lv.ratio, ratio_low=lv.ratio_low, ratio_high=lv.ratio_high,
+                                    verdict=lv.verdict, tokens_per_s=lv.speculative_tokens_per_s, blocks=lv.blocks[1],
+                                    accept_length=lv.speculative_accept_length)
+                  for label, levels in by_point.items() for lv in [levels[c]]}
+        best = min(points, key=lambda label: (_RANK[points[label].verdict], -points[label].tokens_per_s))
+        base = _baseline_at(by_point, c)
+        choices.append(LevelChoice(concurrency=c, baseline_tokens_per_s=base, best=best,
+                                   verdict=points[best].verdict, ratio=points[best].ratio, points=points))
+    return choices
+
+
+def _baseline_at(by_point: Mapping[str, Mapping[int, Any]], c: int) -> float:
+    """The baseline's throughput at a level (the same in every point's comparison)."""
+    return float(next(iter(by_point.values()))[c].baseline_tokens_per_s)
+
+
+def setting_ranges(levels: Sequence[LevelChoice], points: Sequence[GridPoint],
+                   off_from: int | None) -> list[SettingRange]:
+    """Consecutive levels with the same best point merged into batch-size ranges; off from ``off_from``.
+    A range runs from its first level to just below the next range's (the first from 1)."""
+    by_label = {p.label: p for p in points}
+    on = [lv for lv in levels if off_from is None or lv.concurrency < off_from]
+    starts: list[tuple[int, GridPoint | None]] = []
+    for i, lv in enumerate(on):
+        if not starts or starts[-1][1] is None or starts[-1][1].label != lv.best:
+            starts.append((1 if i == 0 else lv.concurrency, by_label[lv.best]))
+    if off_from is not None:
+        starts.append((1 if not starts else off_from, None))
+    ranges = []
+    for i, (start, point) in enumerate(starts):
+        end = starts[i + 1][0] - 1 if i + 1 < len(starts) else MAX_BATCH
+        ranges.append(SettingRange(batch_from=start, batch_to=end, point=point.label if point else None,
+                                   k=point.k if point else 0, values=dict(point.values) if point else {}))
+    return ranges
+
+
+def tune(engine: str, comparisons: Mapping[str, Comparison], points: Sequence[GridPoint], *, margin: float,
+         speculation: SpeculationSettings | None) -> Tuning:
+    """The tuning from each point's comparison with the baseline."""
+    levels = best_per_level(comparisons)
+    envelope = [LevelVerdict(concurrency=lv.concurrency, verdict=lv.verdict, ratio=lv.ratio,
+                             baseline_tokens_per_s=lv.baseline_tokens_per_s,
+                             speculative_tokens_per_s=lv.points[lv.best].tokens_per_s) for lv in levels]
+    rec = recommend(envelope, margin)
+    first = next(iter(comparisons.values()))
+    tuning = Tuning(engine=engine, baseline=first.baseline, baseline_run_id=first.baseline_run_id or "",
+                    points=list(points), run_ids={label: c.speculative_run_id or "" for label, c in comparisons.items()},
+                    levels=levels, recommendation=rec, margin=margin, host=first.host)
+    for comp in comparisons.values():
+        # A grid has only the sequential design: the comparison's advice to alternate does not apply here.
+        tuning.notes.extend(n for n in comp.notes if n not in tuning.notes and not n.startswith(SEQUENTIAL_NOTE))
+    if any(n.startswith(SEQUENTIAL_NOTE) for comp in comparisons.values() for n in comp.notes):
+        tuning.notes.append("Each setting was measured after the baseline, one server at a time: drift of the machine "
+                            "between them is not cancelled out. Check a close call with compare-speculation "
+                            "(alternate design) on the two settings concerned.")
+    if rec.status == "decided":
+        tuning.ranges = setting_ranges(levels, points, rec.speculation_off_from)
+        k_max = max((r.k for r in tuning.ranges), default=0) or max(p.k for p in points)
+        # The setting takes the drafting of the points it uses (one with more candidates per step than the
+        # engine's per-batch switch allows is named by the engine).
+        used = [s for r in tuning.ranges if r.point and (s := comparisons[r.point].speculation) is not None]
+        speculation = max(used, key=lambda s: s.eagle_topk or 1, default=speculation)
+        if speculation is not None:
+            tuning.setting = engines.per_batch_setting(speculation, [(r.batch_from, r.k) for r in tuning.ranges], k_max)
+            if tuning.setting is not None:
+                tuning.notes.extend(n for n in tuning.setting.notes if n not in tuning.notes)
+    return tuning
+
+
+def tune_runs(store: ResultsStore, engine: str, baseline_run_id: str, point_runs: Mapping[str, str],
+              points: Sequence[GridPoint], decision: DecisionConfig) -> Tuning:
+    """The tuning from the store: the baseline's run and each point's (by label)."""
+    comparisons = {label: compare_runs(store, baseline_run_id, run_id, decision=decision)
+                   for label, run_id in point_runs.items()}
+    speculation = next((c.speculation for c in comparisons.values() if c.speculation is not None), None)
+    return tune(engine, comparisons, points, margin=decision.margin, speculation=speculation)

@@ -1,0 +1,3 @@
+from specsweep.cli import main
+
+main()

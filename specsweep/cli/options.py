@@ -1,0 +1,71 @@
+"""What several commands take, declared once: options, and the readers of their values."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, Optional  # noqa: UP035 - typer reads Optional
+
+import typer
+from pydantic import ValidationError
+
+from specsweep.errors import ConfigError
+from specsweep.hosts import HostConfig
+from specsweep.profiles import describe_validation_error, read_mapping
+from specsweep.results import DEFAULT_ROOT
+
+Levels = Annotated[str, typer.Option("--concurrency", "--levels", help="Concurrency levels, comma-separated.")]
+NumPrompts = Annotated[int, typer.Option("--num-prompts", help="Measured requests per level (per block).")]
+InputLen = Annotated[int, typer.Option("--input-len", help="Prompt length in tokens (synthetic prompts).")]
+OutputLen = Annotated[int, typer.Option("--output-len", help="Tokens to generate per request.")]
+Results = Annotated[str, typer.Option("--results", help="Results root (Parquet): a folder or a URL.")]
+HostFile = Annotated[Optional[Path], typer.Option(
+    "--host-config", help="Host file (JSON or TOML, as the flows' host parameter). Default: this machine.")]
+Margin = Annotated[float, typer.Option("--margin", help="Ratios within ±margin count as equivalent (0.03: ±3 %).")]
+Budget = Annotated[int, typer.Option("--max-requests-per-level",
+                                     help="Budget: measured requests per level and configuration.")]
+RESULTS_DEFAULT = str(DEFAULT_ROOT)
+
+
+def number(text: str) -> int | float:
+    """An integer where the text is one, else a float."""
+    text = text.strip()
+    return int(text) if text.lstrip("-").isdigit() else float(text)
+
+
+def numbers(text: str | None, kind: Callable[[str], Any], name: str) -> list[Any] | None:
+    """A comma-separated list of numbers (``1,8,64``), or None; a ConfigError naming the option otherwise."""
+    if text is None:
+        return None
+    try:
+        values = [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"{name} must be a comma-separated list of numbers, like 1,8,64 (got {text!r})") from None
+    if not values:
+        raise ConfigError(f"{name} is empty: give a comma-separated list of numbers, like 1,8,64")
+    return values
+
+
+def host_config(path: Path | None, overrides: dict[str, Any] | None = None) -> HostConfig:
+    """The host from a file (and overrides), validated; this machine without one."""
+    data: dict[str, Any] = read_mapping(path) if path else {}
+    data.update(overrides or {})
+    try:
+        return HostConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, "host config")) from None
+
+
+def setup_logging(verbose: bool = True) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)-7s %(message)s", datefmt="%H:%M:%S", stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("paramiko").setLevel(logging.WARNING)
+
+
+def fail(exc: BaseException) -> NoReturn:
+    """The error on stderr and the exit code: 2 for bad input, 1 otherwise."""
+    typer.echo(f"error: {exc}", err=True)
+    raise typer.Exit(2 if isinstance(exc, ConfigError) else 1)

@@ -1,0 +1,137 @@
+"""How the configurations of a comparison or a grid take turns at the levels: the designs, once.
+
+    one(arm, points, more)              one configuration, level by level, each in blocks until ``more``
+    sequential(arms, points, decision)  the first arm (the baseline) over every level, each until its own
+                                        throughput is known; then each other arm, each level until its
+                                        verdict against the baseline's blocks is decided (comparisons
+                                        with ``design: sequential``, and every grid)
+    alternate(base, spec, points, ...)  baseline and speculative blocks in turn at each level (ABBA), both
+                                        servers up side by side, or one at a time restarted per block
+
+An ``Arm`` is what a design needs of a configuration: whether an earlier try of the run already
+finished it, its run row's recording, and its server's pipeline (``serve``: kill leftovers →
+start → wait → warm up; the final kill however it ends) with a way to measure a block on it. The
+flows build arms from their Prefect tasks; the designs know nothing of Prefect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, AsyncExitStack
+from typing import Protocol
+
+from specsweep.analysis.decision import DecisionConfig, baseline_needs_more, pair_needs_more, speculative_needs_more
+from specsweep.records import Level, LevelRow
+from specsweep.sweep import More, Point, run_levels, run_paired_levels
+
+
+class Serving(Protocol):
+    """A configuration's server while it is up: measure a block on it, check it after failures."""
+
+    async def measure(self, level: Level) -> LevelRow: ...
+
+    async def check(self, when: str) -> None: ...
+
+
+class Arm(Protocol):
+    """One configuration as a design drives it."""
+
+    name: str
+
+    def finished(self) -> list[LevelRow] | None:
+        """Every block of this configuration, when an earlier try of the run measured it whole."""
+
+    def recording(self) -> AbstractContextManager[object]:
+        """The configuration's run row: running, then completed, failed or cancelled."""
+
+    def serve(self) -> AbstractAsyncContextManager[Serving]:
+        """Its server up and ready; the final kill when the block ends, however it ends."""
+
+    async def on_block(self, row: LevelRow, done: int, total: int) -> None:
+        """After each block: progress for people."""
+
+    def on_saturation(self) -> None:
+        """The sweep stops: throughput stopped rising while latency grew."""
+
+
+async def one(arm: Arm, points: Sequence[Point], more: More, *, stop_at_saturation: bool = False) -> list[LevelRow]:
+    """One configuration over ``points``, each level in blocks until ``more`` says enough."""
+    if (done := arm.finished()) is not None:
+        return done
+    with arm.recording():
+        async with arm.serve() as server:
+            return await run_levels(list(points), server.measure, more=more, stop_at_saturation=stop_at_saturation,
+                                    check_server=server.check, on_level=arm.on_block,
+                                    on_saturation=arm.on_saturation)
+
+
+def by_level(rows: Sequence[LevelRow]) -> dict[int, list[LevelRow]]:
+    out: dict[int, list[LevelRow]] = {}
+    for r in rows:
+        out.setdefault(r.level_index, []).append(r)
+    return out
+
+
+async def sequential(arms: Sequence[Arm], points: Sequence[Point], decision: DecisionConfig, num_requests: int, *,
+                     stop_at_saturation: bool = False) -> list[list[LevelRow]]:
+    """The baseline (``arms[0]``) over every level, each until its throughput is known to ±margin/2; then each
+    other arm over the levels the baseline reached, each until its verdict against the baseline is decided."""
+    base_more = baseline_needs_more(decision, num_requests)
+    base_rows = await one(arms[0], points, lambda _p, rows: base_more(rows), stop_at_saturation=stop_at_saturation)
+    base = by_level(base_rows)
+    reached = [p for p in points if p.index in base]  # the baseline may have stopped at saturation
+
+    def against_base(point: Point, rows: list[LevelRow]) -> bool:
+        return speculative_needs_more(decision, num_requests, base.get(point.index, []))(rows)
+
+    return [base_rows, *[await one(arm, reached, against_base) for arm in arms[1:]]]
+
+
+async def alternate(base: Arm, spec: Arm, points: Sequence[Point], decision: DecisionConfig, num_requests: int, *,
+                    restart: bool, stop_at_saturation: bool = False) -> tuple[list[LevelRow], list[LevelRow]]:
+    """Baseline and speculative blocks in turn at each level (ABBA), until each level's paired verdict is
+    decided: both servers up side by side, or (``restart``) one at a time, started for each block."""
+    done_base, done_spec = base.finished(), spec.finished()
+    if done_base is not None and done_spec is not None:
+        return done_base, done_spec
+    more = pair_needs_more(decision, num_requests)
+    with base.recording(), spec.recording():
+        async with AsyncExitStack() as stack:
+            if restart:
+                measure_base, measure_spec = _restarted(base), _restarted(spec)
+                check_base = check_spec = None
+            else:
+                b = await stack.enter_async_context(base.serve())
+                s = await stack.enter_async_context(spec.serve())
+                measure_base, measure_spec, check_base, check_spec = b.measure, s.measure, b.check, s.check
+
+            async def on_block(row: LevelRow, done: int, total: int) -> None:
+                await (base if row.config_name == base.name else spec).on_block(row, done, total)
+
+            return await run_paired_levels(list(points), measure_base, measure_spec, more=more,
+                                           stop_at_saturation=stop_at_saturation, check_base=check_base,
+                                           check_spec=check_spec, on_block=on_block, on_saturation=base.on_saturation)
+
+
+def _restarted(arm: Arm) -> Callable[[Level], Awaitable[LevelRow]]:
+    """A block on a server started for it alone (checked for a crash when it had failures)."""
+
+    async def measure(level: Level) -> LevelRow:
+        async with arm.serve() as server:
+            row = await server.measure(level)
+            if row.failed:
+                await server.check(f"during level {level.label}")
+            return row
+
+    return measure
+
+
+async def compare(base: Arm, spec: Arm, points: Sequence[Point], decision: DecisionConfig, num_requests: int, *,
+                  stop_at_saturation: bool = False) -> tuple[list[LevelRow], list[LevelRow]]:
+    """A comparison's blocks, in the design its decision settings name."""
+    if decision.design == "sequential":
+        base_rows, spec_rows = await sequential([base, spec], points, decision, num_requests,
+                                                stop_at_saturation=stop_at_saturation)
+        return base_rows, spec_rows
+    return await alternate(base, spec, points, decision, num_requests, restart=decision.alternate_by == "restart",
+                           stop_at_saturation=stop_at_saturation)

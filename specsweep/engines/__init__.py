@@ -1,0 +1,137 @@
+"""The engines specsweep knows, by name: the only place besides each engine's own module that names them.
+
+Adding an engine is one new module (``specsweep.engines.<name>``, an ``Engine`` of ``base``) and one
+line here. Everything else asks this registry: a profile's ``engine`` names its entry; ``custom``
+profiles (any other server) are read with every engine's rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from specsweep.engines.base import (
+    Engine,
+    EngineSettings,
+    MetricNames,
+    PerBatchSetting,
+    ServerInfo,
+    SpeculationSettings,
+    split_command,
+)
+from specsweep.engines.llamacpp import ENGINE as LLAMACPP
+from specsweep.engines.sglang import ENGINE as SGLANG
+from specsweep.engines.vllm import ENGINE as VLLM
+from specsweep.errors import ConfigError
+from specsweep.profiles import ServerProfile
+from specsweep.records import RequestRecord
+
+ENGINES: dict[str, Engine] = {e.name: e for e in (SGLANG, VLLM, LLAMACPP)}
+CUSTOM = "custom"
+
+
+def get(name: str, what: str = "engine") -> Engine:
+    """The engine of this name; a ConfigError naming the field otherwise."""
+    if name not in ENGINES:
+        raise ConfigError(f"{what} {name!r} is not an engine specsweep knows: choose one of {', '.join(ENGINES)}")
+    return ENGINES[name]
+
+
+def check_name(name: str, what: str = "engine") -> None:
+    if name != CUSTOM:
+        get(name, f"{what} (or {CUSTOM})")
+
+
+def of_settings(settings: EngineSettings) -> Engine:
+    """The engine whose form ``settings`` is."""
+    for engine in ENGINES.values():
+        if isinstance(settings, engine.settings):
+            return engine
+    raise ConfigError(f"{type(settings).__name__} is not the settings of an engine specsweep knows")
+
+
+def _known_or_all(name: str) -> list[Engine]:
+    return [ENGINES[name]] if name in ENGINES else list(ENGINES.values())
+
+
+# -- presets ---------------------------------------------------------------------------------------
+
+
+def preset_names() -> list[str]:
+    return [name for engine in ENGINES.values() for name in engine.presets()]
+
+
+def preset(name: str, *, model_path: str | None = None, draft_model_path: str | None = None,
+           python: str | None = None) -> ServerProfile:
+    """A ready-made profile by its CLI name. ``python``: the interpreter that runs the engine on the host."""
+    for engine in ENGINES.values():
+        make = engine.presets().get(name)
+        if make is not None:
+            profile: ServerProfile = make(model_path, draft_model_path, python)
+            return profile
+    raise ConfigError(f"unknown preset {name!r}: choose one of {', '.join(preset_names())}")
+
+
+# -- what requests ask for and answers carry -------------------------------------------------------
+
+
+def request_fields(name: str) -> dict[str, Any]:
+    """What every streamed request to this engine adds to its body."""
+    return dict(ENGINES[name].request_fields) if name in ENGINES else {}
+
+
+class EventReader:
+    """Takes the speculation figures of streamed events into a request's record: the engine's own
+    fields, or every engine's for a server of unknown kind."""
+
+    __slots__ = ("readers",)
+
+    def __init__(self, name: str) -> None:
+        self.readers = [e.read_event for e in _known_or_all(name) if type(e).read_event is not Engine.read_event]
+
+    def __call__(self, event: dict[str, Any], rec: RequestRecord) -> None:
+        for read in self.readers:
+            read(event, rec)
+
+
+def tokenize_bodies() -> list[Callable[[str], dict[str, Any] | None]]:
+    """The bodies of ``POST /tokenize`` the engines take, one maker each (a server of unknown kind is asked
+    in each form until one answers sensibly)."""
+    return [e.tokenize_body for e in ENGINES.values() if e.tokenize_body("") is not None]
+
+
+def metric_names() -> list[MetricNames]:
+    return [e.metrics for e in ENGINES.values()]
+
+
+# -- launch commands, versions, recommendations ---------------------------------------------------
+
+
+def speculation_of(command: str | None, engine: str = CUSTOM) -> SpeculationSettings | None:
+    """What a launch command (secrets masked, as a run records it) speculates, read by its engine's rules."""
+    if not command:
+        return None
+    argv = split_command(command)
+    for e in _known_or_all(engine):
+        if (spec := e.speculation(argv)) is not None:
+            return spec
+    return None
+
+
+async def probe(api: ServerInfo, engine: str = CUSTOM) -> dict[str, Any]:
+    """The engine and its version as the server says them (every engine's way, for an unknown kind)."""
+    for e in _known_or_all(engine):
+        if found := await e.probe(api):
+            return found
+    return {}
+
+
+def per_batch_setting(spec: SpeculationSettings, starts: Sequence[tuple[int, int]],
+                      k_max: int) -> PerBatchSetting | None:
+    """The recommendation in the form the measured engine loads (None: it has none)."""
+    return ENGINES[spec.engine].per_batch_setting(spec, starts, k_max) if spec.engine in ENGINES else None
+
+
+__all__ = ["CUSTOM", "ENGINES", "Engine", "EngineSettings", "EventReader", "PerBatchSetting", "SpeculationSettings",
+           "check_name", "get", "metric_names", "of_settings", "per_batch_setting", "preset", "preset_names", "probe",
+           "request_fields", "speculation_of"]

@@ -1,0 +1,156 @@
+"""What an engine module provides: the one contract every serving engine specsweep knows fills in.
+
+An engine is one module (``specsweep.engines.<name>``) holding everything specific to it:
+
+    settings form        a pydantic model flows show as a form; ``profile("baseline" | "speculative")``
+    presets              ready-made server profiles by CLI name (launch command, health rule, cleanup)
+    grid                 the speculation fields a grid may vary, and which one is K
+    metric names         its Prometheus names for the running batch, queue, KV cache and counters
+    request fields       what its streamed requests ask for (per-request speculation figures)
+    response fields      where a streamed answer carries speculation figures
+    launch command       what a launch command says it speculates (``SpeculationSettings``)
+    version probe        the engine and its version, asked of a running server
+    recommendation form  the per-batch speculation setting it loads, if it has one
+
+``specsweep.engines`` (the registry) is the only other place that names engines.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from specsweep.profiles import ServerProfile
+from specsweep.records import RequestRecord
+
+
+class ServerInfo(Protocol):
+    """What a version probe may ask of a running server (``specsweep.server.api.ServerAPI`` is one)."""
+
+    async def get_json(self, path: str) -> dict[str, Any] | None: ...
+
+Kind = Literal["baseline", "speculative"]
+
+#: The largest batch a per-batch setting covers (its last range runs to it).
+MAX_BATCH = 4096
+
+
+class SpeculationSettings(BaseModel):
+    """What a speculative configuration drafts, read from its launch command."""
+
+    engine: str = Field(description="The engine whose flags said so.")
+    method: str = Field(description="As vLLM names it: eagle3, eagle, mtp, draft_model, ngram, ...")
+    model: str | None = Field(None, description="The draft model, where there is one.")
+    num_speculative_tokens: int = Field(ge=1, description="Tokens drafted per step (K; SGLang's steps).")
+    eagle_topk: int | None = Field(None, description="Candidates per draft step, where the engine has them.")
+
+
+class EngineSettings(BaseModel):
+    """An engine's form: the fields flows show, and the two server profiles they make."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    def profile(self, kind: Kind) -> ServerProfile:
+        raise NotImplementedError
+
+
+class PerBatchSetting(BaseModel):
+    """A recommendation in the form an engine loads: a file, the flags that load it, and notes."""
+
+    engine: str
+    file_name: str | None = Field(None, description="The file the engine loads (None: the engine has no switch).")
+    content: Any = Field(None, description="The file's JSON content.")
+    flags: str | None = Field(None, description="The launch flags that load it.")
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class MetricNames:
+    """An engine's Prometheus names for specsweep's vocabulary (``specsweep.server.engine_metrics``).
+    Where it serves one quantity under several names (old and new), the first listed wins."""
+
+    gauges: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # running, waiting, kv_cache
+    counters: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    per_position: tuple[str, ...] = ()  # accepted tokens per draft position (label "position")
+
+
+Preset = Any  # a callable (model_path, draft_model_path, python) -> ServerProfile
+
+
+class Engine:
+    """One serving engine. Subclasses set the class attributes and override what their engine has."""
+
+    name: ClassVar[str]
+    label: ClassVar[str]
+    settings: ClassVar[type[EngineSettings]]
+    #: The speculation fields a grid may vary, each with its short name in point labels.
+    grid_fields: ClassVar[Mapping[str, str]]
+    #: The field that is the engine's K (tokens drafted per step): what the per-batch forms carry.
+    k_field: ClassVar[str]
+    default_grid: ClassVar[Mapping[str, list[int | float]]]
+    metrics: ClassVar[MetricNames] = MetricNames()
+    #: Added to every streamed OpenAI request body.
+    request_fields: ClassVar[Mapping[str, Any]] = {}
+
+    def presets(self) -> Mapping[str, Preset]:
+        return {}
+
+    def tokenize_body(self, text: str) -> dict[str, Any] | None:
+        """The body its ``POST /tokenize`` takes for ``text``; None where it has no /tokenize."""
+        return None
+    def read_event(self, event: dict[str, Any], rec: RequestRecord) -> None:
+        """Take the speculation figures a streamed event carries into the request's record."""
+
+    def speculation(self, argv: Sequence[str]) -> SpeculationSettings | None:
+        """What a launch command speculates; None when it does not (or is not this engine's)."""
+        return None
+
+    async def probe(self, api: ServerInfo) -> dict[str, Any]:
+        """The engine and its version (and the server settings that matter), from a running server."""
+        return {}
+
+    def per_batch_setting(self, spec: SpeculationSettings, starts: Sequence[tuple[int, int]],
+                          k_max: int) -> PerBatchSetting | None:
+        """The recommendation (K from each batch size in ``starts``; 0: off) in the form this engine
+        loads; None when it has no per-batch switch."""
+        return None
+
+    def __repr__(self) -> str:
+        return f"<engine {self.name}>"
+
+
+# -- helpers the engine modules share ------------------------------------------------------------
+
+
+def flag(argv: Sequence[str], *names: str) -> str | None:
+    """The value of a flag (``--name VALUE`` or ``--name=VALUE``) in a launch command."""
+    for i, arg in enumerate(argv):
+        for name in names:
+            if arg == name and i + 1 < len(argv):
+                return argv[i + 1]
+            if arg.startswith(name + "="):
+                return arg.split("=", 1)[1]
+    return None
+
+
+def split_command(command: str) -> list[str]:
+    try:
+        return shlex.split(command)
+    except ValueError:
+        return command.split()
+
+
+def ranges(starts: Sequence[tuple[int, int]]) -> list[list[int]]:
+    """[first, last, K] per range from (first batch size, K) pairs, the first at 1: each range runs to
+    just below the next one's start, the last to the largest batch."""
+    return [[start, starts[i + 1][0] - 1 if i + 1 < len(starts) else MAX_BATCH, k]
+            for i, (start, k) in enumerate(starts)]
+
+
+def compact_json(data: Any) -> str:
+    return json.dumps(data, separators=(",", ":"))

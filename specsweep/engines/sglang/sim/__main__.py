@@ -1,0 +1,3 @@
+from specsweep.engines.sglang.sim.server import main
+
+main()

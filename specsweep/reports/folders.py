@@ -1,0 +1,96 @@
+"""The report folders under the results root, written beside the data:
+
+    reports/<baseline run>--<speculative run>/   a comparison: report.md, recommendation.json, the
+                                                 the engine's own file, where it has a per-batch switch, plots
+    reports/tune-<baseline run>/                 a grid: report.md, tuning.json, the engine's file, speedup.png
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from specsweep.analysis.compare import Comparison
+from specsweep.analysis.tuning import Tuning
+from specsweep.reports.markdown import comparison_markdown, tuning_markdown
+from specsweep.reports.plots import comparison_plots, tuning_plot
+from specsweep.results import ResultsStore
+
+
+def comparison_folder(comp: Comparison) -> str:
+    """Where a comparison's report lies under the results root."""
+    return f"reports/{comp.baseline_run_id}--{comp.speculative_run_id}"
+
+
+def tuning_folder(tuning: Tuning) -> str:
+    return f"reports/tune-{tuning.baseline_run_id}"
+
+
+def recommendation_json(comp: Comparison) -> dict[str, Any]:
+    rec = comp.recommendation
+    return {
+        "status": rec.status,
+        "speculation_off_from": rec.speculation_off_from,
+        "reason": rec.reason,
+        "between": list(rec.between) if rec.between else None,
+        "measure_next": rec.measure_next,
+        "margin": comp.margin,
+        "design": comp.design,
+        "baseline": {"name": comp.baseline, "run_id": comp.baseline_run_id},
+        "speculative": {"name": comp.speculative, "run_id": comp.speculative_run_id},
+        "levels": [{"concurrency": lv.concurrency, "verdict": lv.verdict, "ratio": round(lv.ratio, 4),
+                    "interval": [round(lv.ratio_low, 4), round(lv.ratio_high, 4)] if lv.ratio_low and lv.ratio_high
+                    else None, "confidence": round(lv.confidence, 4),
+                    "requests": {"baseline": lv.requests[0], "speculative": lv.requests[1]},
+                    "blocks": {"baseline": lv.blocks[0], "speculative": lv.blocks[1]}} for lv in comp.levels],
+        "projected_tokens_per_s": {k: round(v, 2) for k, v in rec.projected_tokens_per_s.items()},
+        "engine_setting": comp.setting.model_dump(mode="json") if comp.setting is not None else None,
+    }
+
+
+def tuning_json(tuning: Tuning) -> dict[str, Any]:
+    return {
+        "engine": tuning.engine, "status": tuning.recommendation.status,
+        "speculation_off_from": tuning.recommendation.speculation_off_from, "reason": tuning.recommendation.reason,
+        "measure_next": tuning.recommendation.measure_next, "margin": tuning.margin,
+        "baseline": {"name": tuning.baseline, "run_id": tuning.baseline_run_id},
+        "points": [{"label": p.label, "values": p.values, "k": p.k, "run_id": tuning.run_ids.get(p.label)}
+                   for p in tuning.points],
+        "ranges": [r.model_dump() for r in tuning.ranges],
+        "levels": [{"concurrency": lv.concurrency, "best": lv.best, "verdict": lv.verdict, "ratio": round(lv.ratio, 4),
+                    "points": {k: {"ratio": round(p.ratio, 4), "verdict": p.verdict,
+                                   "tokens_per_s": round(p.tokens_per_s, 2)} for k, p in lv.points.items()}}
+                   for lv in tuning.levels],
+        "engine_setting": tuning.setting.model_dump(mode="json") if tuning.setting is not None else None,
+    }
+
+
+def _json(data: Any) -> bytes:
+    return (json.dumps(data, indent=2) + "\n").encode()
+
+
+def _engine_file(store: ResultsStore, folder: str, urls: dict[str, str], setting: Any) -> None:
+    if setting is not None and setting.file_name is not None:
+        urls[setting.file_name.removesuffix(".json")] = store.write_file(f"{folder}/{setting.file_name}",
+                                                                         _json(setting.content))
+
+
+def write_comparison_report(comp: Comparison, store: ResultsStore, plots: dict[str, bytes] | None = None) -> dict[str, str]:
+    """The comparison's report folder. Returns each file's URL by name."""
+    folder = comparison_folder(comp)
+    plots = comparison_plots(comp) if plots is None else plots
+    urls = {name: store.write_file(f"{folder}/{name}.png", png) for name, png in plots.items()}
+    urls["recommendation"] = store.write_file(f"{folder}/recommendation.json", _json(recommendation_json(comp)))
+    _engine_file(store, folder, urls, comp.setting)
+    urls["report"] = store.write_file(f"{folder}/report.md", (comparison_markdown(comp) + "\n").encode())
+    return urls
+
+
+def write_tuning_report(tuning: Tuning, store: ResultsStore, plot: bytes | None = None) -> dict[str, str]:
+    """The tuning's report folder: report.md, tuning.json, the engine's file, the plot. Each file's URL by name."""
+    folder = tuning_folder(tuning)
+    urls = {"tuning": store.write_file(f"{folder}/tuning.json", _json(tuning_json(tuning)))}
+    _engine_file(store, folder, urls, tuning.setting)
+    urls["speedup"] = store.write_file(f"{folder}/speedup.png", tuning_plot(tuning) if plot is None else plot)
+    urls["report"] = store.write_file(f"{folder}/report.md", (tuning_markdown(tuning) + "\n").encode())
+    return urls

@@ -1,0 +1,174 @@
+"""Plots of a comparison (PNG, matplotlib), small enough to embed in a Prefect artifact.
+
+    throughput.png  output tok/s of both configurations against concurrency, with intervals
+    speedup.png     speculative / baseline with its interval, the ±margin band, the verdicts, the threshold
+    latency.png     TTFT and TPOT, p50 and p99, of both
+    pareto.png      tok/s per user (1000 / TPOT p50) against total output tok/s, one point per level
+
+and of a speculative-parameter grid (``tuning_plot``): each setting's speedup, the best per level.
+
+Concurrency is on a log-2 axis labelled at the measured levels.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator  # noqa: E402
+
+from specsweep.analysis.compare import Comparison  # noqa: E402
+from specsweep.analysis.tuning import Tuning  # noqa: E402
+
+DPI = 90
+BASE, SPEC = "tab:blue", "tab:orange"
+VERDICT_COLOURS = {"faster": "tab:green", "slower": "tab:red", "equivalent": "tab:gray", "undetermined": "gold"}
+
+
+def _png(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, dpi=DPI, bbox_inches="tight", format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _concurrency_axis(ax: Axes, levels: Sequence[int]) -> None:
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xticks(list(levels), [str(c) for c in levels])
+    ax.set_xlabel("concurrency (requests in flight)")
+    ax.grid(alpha=0.3)
+
+
+def _error(values: Sequence[float], intervals: Sequence[tuple[float, float] | None]) -> list[list[float]]:
+    lows = [v - i[0] if i else 0.0 for v, i in zip(values, intervals, strict=True)]
+    highs = [i[1] - v if i else 0.0 for v, i in zip(values, intervals, strict=True)]
+    return [lows, highs]
+
+
+def comparison_plots(comp: Comparison) -> dict[str, bytes]:
+    """The plots as PNG bytes, by name."""
+    lv = comp.levels
+    c = [r.concurrency for r in lv]
+    threshold = comp.recommendation.speculation_off_from
+    out: dict[str, bytes] = {}
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    base = [r.baseline_tokens_per_s for r in lv]
+    spec = [r.speculative_tokens_per_s for r in lv]
+    ax.errorbar(c, base, yerr=_error(base, [r.baseline_interval for r in lv]), fmt="o-", color=BASE, capsize=3,
+                label=comp.baseline)
+    ax.errorbar(c, spec, yerr=_error(spec, [r.speculative_interval for r in lv]), fmt="s-", color=SPEC, capsize=3,
+                label=comp.speculative)
+    _concurrency_axis(ax, c)
+    ax.set(ylabel="output tokens/s", title="Output throughput (95% interval of each mean)")
+    ax.legend()
+    out["throughput"] = _png(fig)
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    ratios = [r.ratio for r in lv]
+    lows = [r.ratio_low if r.ratio_low is not None else r.ratio for r in lv]
+    highs = [r.ratio_high if r.ratio_high is not None else r.ratio for r in lv]
+    ax.axhspan(1 - comp.margin, 1 + comp.margin, color="grey", alpha=0.15, label=f"±{comp.margin:.0%}: equivalent")
+    ax.axhline(1.0, color="grey", lw=1)
+    ax.errorbar(c, ratios, yerr=[[r - lo for r, lo in zip(ratios, lows, strict=True)],
+                                 [hi - r for r, hi in zip(ratios, highs, strict=True)]],
+                fmt="-", color="tab:purple", capsize=3, zorder=2)
+    for r in lv:
+        ax.scatter([r.concurrency], [r.ratio], color=VERDICT_COLOURS[r.verdict], s=50, zorder=3, edgecolors="black",
+                   linewidths=0.5)
+    for verdict, colour in VERDICT_COLOURS.items():
+        if any(r.verdict == verdict for r in lv):
+            ax.scatter([], [], color=colour, edgecolors="black", linewidths=0.5, label=verdict)
+    if threshold is not None:
+        ax.axvline(threshold, color="tab:red", ls="--", label=f"off from {threshold}")
+    _concurrency_axis(ax, c)
+    ax.set(ylabel="speculative / baseline", title="Speedup from speculation (with its interval)")
+    ax.legend(fontsize=8)
+    out["speedup"] = _png(fig)
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10.4, 3.8))
+    for ax, key, title in ((a1, "ttft", "Time to first token (ms)"), (a2, "tpot", "Time per output token (ms)")):
+        positive = False
+        for who, colour, marker in (("baseline", BASE, "o"), ("speculative", SPEC, "s")):
+            p50 = [getattr(r, f"{who}_{key}_ms") for r in lv]
+            p99 = [getattr(r, f"{who}_{key}_p99_ms") for r in lv]
+            name = comp.baseline if who == "baseline" else comp.speculative
+            positive = positive or any(x for x in (*p50, *p99))
+            ax.plot(c, [float("nan") if x is None else x for x in p50], f"{marker}-", color=colour, label=f"{name} p50")
+            ax.plot(c, [float("nan") if x is None else x for x in p99], f"{marker}--", color=colour, alpha=0.6,
+                    label=f"{name} p99")
+        _concurrency_axis(ax, c)
+        if positive:  # latencies span orders of magnitude from one stream to saturation
+            ax.set_yscale("log")
+            ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set(title=title)
+        ax.legend(fontsize=7)
+    out["latency"] = _png(fig)
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for who, colour, marker, name in (("baseline", BASE, "o", comp.baseline),
+                                      ("speculative", SPEC, "s", comp.speculative)):
+        xs = [getattr(r, f"{who}_tokens_per_s") for r in lv]
+        ys = [1000.0 / t if (t := getattr(r, f"{who}_tpot_ms")) else float("nan") for r in lv]
+        ax.plot(xs, ys, f"{marker}-", color=colour, label=name)
+        for x, y, conc in zip(xs, ys, c, strict=True):
+            ax.annotate(f"C={conc}", (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7, color=colour)
+    ax.set(xlabel="total output tokens/s", ylabel="tokens/s per user (1000 / TPOT p50)",
+           title="Per-user speed against total throughput")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    out["pareto"] = _png(fig)
+    return out
+
+
+def tuning_plot(tuning: Tuning) -> bytes:
+    """Each grid point's speedup over the baseline against concurrency, each nudged sideways so that the
+    intervals do not hide one another; the best point per level ringed; the legend beside the axes."""
+    lv = tuning.levels
+    c = [r.concurrency for r in lv]
+    fig, ax = plt.subplots(figsize=(8.0, 4.0))
+    ax.axhspan(1 - tuning.margin, 1 + tuning.margin, color="grey", alpha=0.15, label=f"±{tuning.margin:.0%}: equivalent")
+    ax.axhline(1.0, color="grey", lw=1)
+    colours = plt.get_cmap("viridis")
+    n = len(tuning.points)
+
+    def nudged(i: int) -> list[float]:  # on the log-2 axis: a few percent of an octave apart
+        return [x * 2 ** ((i - (n - 1) / 2) * 0.07) for x in c]
+
+    for i, point in enumerate(tuning.points):
+        ratios = [r.points[point.label].ratio for r in lv]
+        lows = [r.points[point.label].ratio_low for r in lv]
+        highs = [r.points[point.label].ratio_high for r in lv]
+        yerr = [[x - lo if lo is not None else 0.0 for x, lo in zip(ratios, lows, strict=True)],
+                [hi - x if hi is not None else 0.0 for x, hi in zip(ratios, highs, strict=True)]]
+        ax.errorbar(nudged(i), ratios, yerr=yerr, fmt="o-", color=colours(0.85 * i / max(1, n - 1)), capsize=3,
+                    label=point.label)
+    off = tuning.recommendation.speculation_off_from
+    index = {p.label: i for i, p in enumerate(tuning.points)}
+    on = [(k, r) for k, r in enumerate(lv) if off is None or r.concurrency < off]  # from the threshold on: baseline
+    ax.scatter([nudged(index[r.best])[k] for k, r in on], [r.ratio for _, r in on], s=160, facecolors="none",
+               edgecolors="black", linewidths=1.2, zorder=4,
+               label="best per level" + ("" if tuning.recommendation.status == "decided" else " (undetermined)"))
+    if off is not None:
+        ax.axvline(off, color="tab:red", ls="--", label=f"off from {off}")
+    _concurrency_axis(ax, c)
+    ax.set(ylabel="setting / baseline (output tok/s)", title="Speedup of each speculative setting (with its interval)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def data_uri(png: bytes) -> str:
+    """A PNG embedded in markdown (the Prefect UI renders it in an artifact)."""
+    return "data:image/png;base64," + base64.b64encode(png).decode()

@@ -1,0 +1,241 @@
+"""Wait until a server can serve.
+
+Readiness is the HTTP status of the health path and nothing else: 200 is ready; a refused
+connection, 502 or 503 means "not yet" (engines answer 503 while they load and warm up, then
+200, with or without a body). Any other answer is logged and polled again; a profile may ask
+for one tiny generation on top (``readiness_probe``), for engines whose health answers before
+they can serve. The server process is checked on every tick, so a
+crash during startup fails the wait within about half a second, with the log's last lines.
+While waiting, new lines of the server log are handed to ``on_log_line``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from pydantic import BaseModel, Field
+
+from specsweep.errors import HealthTimeoutError, HostError, NoAnswer, ServerCrashedError, ServerUnreachableError
+from specsweep.hosts.base import Host
+from specsweep.hosts.tunnel import ServerPath
+from specsweep.profiles import ServerProfile
+from specsweep.server.api import ServerAPI
+from specsweep.server.lifecycle import LOG_TAIL_LINES, Logger, ServerHandle
+
+_log = logging.getLogger(__name__)
+
+FIRST_INTERVAL_S = 0.05
+GROWTH = 1.5
+PROCESS_CHECK_S = 0.5
+
+
+class HealthReport(BaseModel):
+    url: str
+    ready: bool
+    time_to_ready_s: float = Field(description="From the server's start to the first ready answer.")
+    waited_s: float = Field(description="How long this wait took.")
+    attempts: int
+    probe_ok: bool | None = Field(None, description="Result of the readiness probe; None when not asked for.")
+
+
+def _left(deadline: float, most: float) -> float:
+    """A call's limit: at most ``most``, and never past the wait's own deadline."""
+    return max(0.05, min(most, deadline - time.monotonic()))
+
+
+class _LogFollower:
+    """Reads lines appended to the server log since the last call."""
+
+    def __init__(self, host: Host, path: str, sink: Callable[[str], None] | None) -> None:
+        self.host, self.path, self.sink = host, path, sink
+        self.offset = 0
+        self.partial = b""
+
+    def poll(self) -> None:
+        if self.sink is None:
+            return
+        data = self.host.read_from(self.path, self.offset, limit=256 * 1024)
+        if not data:
+            return
+        self.offset += len(data)
+        lines = (self.partial + data).split(b"\n")
+        self.partial = lines.pop()
+        for line in lines:
+            text = line.decode("utf-8", errors="replace").rstrip("\r")
+            if text.strip():
+                self.sink(text)
+
+    def flush(self) -> None:
+        if self.sink is not None and self.partial.strip():
+            self.sink(self.partial.decode("utf-8", errors="replace"))
+        self.partial = b""
+
+
+async def _quietly(fn: Callable[[], None]) -> None:
+    """Forwarding log lines is a courtesy: a host that cannot be reached just now does not stop the wait."""
+    try:
+        await asyncio.to_thread(fn)
+    except HostError:
+        pass
+
+
+async def _host_check(host: Host, follower: _LogFollower, handle: ServerHandle, log: Logger) -> bool | None:
+    """Forward new log lines and tell whether the server process lives; None when the host
+    cannot be asked just now (the health endpoint is polled on regardless)."""
+    try:
+        await asyncio.to_thread(follower.poll)
+        return await asyncio.to_thread(host.pid_alive, handle.pid)
+    except HostError as exc:
+        log.warning("cannot check the server process on %s just now (%s); polling its health endpoint on",
+                    host.label, exc)
+        return None
+
+
+class _Unreachable:
+    """Says when the host reports the server's port listening while the client keeps failing to connect:
+    the server is up but not where the client looks (another bind address, a firewall)."""
+
+    CHECK_EVERY_S = 1.0
+    CHECKS = 3
+
+    def __init__(self, host: Host, port: int) -> None:
+        self.host, self.port = host, port
+        self.seen = 0
+        self.next_at = 0.0
+
+    def reset(self) -> None:
+        self.seen = 0
+
+    async def listening_yet_unreachable(self) -> bool:
+        now = time.monotonic()
+        if now < self.next_at:
+            return False
+        self.next_at = now + self.CHECK_EVERY_S
+        try:
+            listening = await asyncio.to_thread(self.host.port_listening, self.port)
+        except HostError:
+            return False
+        self.seen = self.seen + 1 if listening else 0
+        return self.seen >= self.CHECKS
+
+
+async def wait_for_health(
+    host: Host,
+    profile: ServerProfile,
+    handle: ServerHandle,
+    api: ServerAPI,
+    *,
+    path: ServerPath | None = None,
+    timeout_s: float | None = None,
+    logger: Logger | None = None,
+    on_log_line: Callable[[str], None] | None = None,
+) -> HealthReport:
+    """Poll until the server is ready; raise ServerCrashedError, ServerUnreachableError or
+    HealthTimeoutError otherwise. ``path``: the client's way to the server (a tunnel is reported
+    as down, apart from the server not being ready yet)."""
+    log = logger or _log
+    redact = profile.redactor()
+    timeout_s = profile.startup_timeout_s if timeout_s is None else timeout_s
+    url = api.base_url + profile.health_path
+    follower = _LogFollower(host, handle.log_path, (lambda line: on_log_line(redact(line))) if on_log_line else None)
+    start = time.monotonic()
+    deadline = start + timeout_s
+    interval = FIRST_INTERVAL_S
+    next_poll = start
+    next_check = start
+    attempts = 0
+    last = "no attempt yet"
+    unreachable = _Unreachable(host, profile.port)
+    tunnel_was_down = False
+
+    async def log_tail() -> str:
+        try:
+            tail = await asyncio.to_thread(host.tail, handle.log_path, LOG_TAIL_LINES)
+        except HostError as exc:
+            return f"(cannot read the log: {redact(str(exc))})"
+        return redact(tail.rstrip()) or "(the log is empty)"
+
+    log.info("waiting for %s to become ready at %s (timeout %.0f s)", profile.name, url, timeout_s)
+    while True:
+        now = time.monotonic()
+        if now >= next_check:
+            alive = await _host_check(host, follower, handle, log)
+            if alive is False:
+                await _quietly(follower.poll)
+                follower.flush()
+                raise ServerCrashedError(
+                    f"server {profile.name} (pid {handle.pid}) on {host.label} exited while starting, "
+                    f"{now - start:.1f} s into the wait. Last lines of {handle.log_path}:\n{await log_tail()}"
+                )
+            next_check = now + PROCESS_CHECK_S
+            down = path.problem() if path is not None else None
+            if down and not tunnel_was_down:
+                log.warning("the tunnel to %s is down: %s (this is not the server: it is being reopened)",
+                            profile.name, down)
+            elif tunnel_was_down and not down:
+                log.info("the tunnel to %s is up again", profile.name)
+            tunnel_was_down = bool(down)
+        if now >= next_poll:
+            attempts += 1
+            status: int | None
+            try:
+                status = await api.status(profile.health_path, timeout_s=_left(deadline, api.timeout_s))
+                last = f"HTTP {status}"
+                refused = False
+            except NoAnswer as exc:
+                status = None
+                last = "connection refused" if exc.refused else str(exc)
+                refused = exc.refused
+            elapsed = time.monotonic() - start
+            if refused and not tunnel_was_down and await unreachable.listening_yet_unreachable():
+                raise ServerUnreachableError(
+                    f"server {profile.name} listens on port {profile.port} on {host.label} (the host says so), but the "
+                    f"client cannot reach it at {api.base_url}{f' ({path.how})' if path else ''}: {last}. Check the "
+                    f"address it binds to (profile host {profile.host!r}: a tunnel delivers to that address on the "
+                    "host) and, for direct traffic, the firewall and http_address."
+                )
+            if status is not None:
+                unreachable.reset()
+            if status == 200:
+                probe_ok = None
+                if profile.readiness_probe:
+                    problem = await api.probe(profile.probe_path, timeout_s=_left(deadline, 60.0))
+                    probe_ok = problem is None
+                    if problem:
+                        last = problem
+                        status = None
+                if status == 200:
+                    await _quietly(follower.poll)
+                    follower.flush()
+                    report = HealthReport(
+                        url=url,
+                        ready=True,
+                        time_to_ready_s=time.time() - handle.started_at,
+                        waited_s=elapsed,
+                        attempts=attempts,
+                        probe_ok=probe_ok,
+                    )
+                    log.info(
+                        "%s is ready after %.1f s (attempt %d, %.1f s since start)",
+                        profile.name, elapsed, attempts, report.time_to_ready_s,
+                    )
+                    return report
+            if status in (None, 502, 503) or status == 200:
+                log.info("health attempt %d after %.1f s: not ready (%s)", attempts, elapsed, last)
+            else:
+                log.warning("health attempt %d after %.1f s: unexpected %s, polling on", attempts, elapsed, last)
+            interval = min(interval * GROWTH, profile.health_poll_max_interval_s)
+            next_poll = time.monotonic() + interval
+        now = time.monotonic()
+        if now >= deadline:
+            await _quietly(follower.poll)
+            follower.flush()
+            raise HealthTimeoutError(
+                f"server {profile.name} on {host.label} was not ready after {timeout_s:.0f} s "
+                f"({attempts} attempts; last: {last}). It is still running; raise startup_timeout_s if it "
+                f"is merely slow. Last lines of {handle.log_path}:\n{await log_tail()}"
+            )
+        await asyncio.sleep(max(0.0, min(next_poll, next_check, deadline) - now))

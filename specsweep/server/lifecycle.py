@@ -1,0 +1,460 @@
+"""Start and kill servers on a host, touching nothing that specsweep did not start.
+
+``kill_server`` is the only way specsweep stops a server, and it takes only processes that
+belong to the login (SSH) user and carry specsweep's marker in their environment:
+
+* a server this run started (``handle`` or ``token``): the processes carrying its start's
+  token (``SPECSWEEP_START``, inherited by every descendant, even those that leave its
+  session), its launcher's process group, and their descendants;
+* leftovers of earlier runs (no handle): processes carrying the marker for this port
+  (``SPECSWEEP_SERVER_PORT``); the profile's ``cleanup_patterns``, when given, narrow them to
+  those whose command line matches one, and never add any.
+
+A process that merely holds the port, or matches a name, is never killed: ``start_server``
+refuses a busy port naming its holder, and ``kill_port_holder`` takes a holder only when it is
+the SSH user's. A kill sends SIGTERM, waits a grace period, SIGKILLs survivors, then checks that
+nothing is left, the port is free and, where nvidia-smi exists, that the GPUs the server used
+(its ``CUDA_VISIBLE_DEVICES``) released their memory.
+
+``start_server`` sends its start once: a start whose answer was lost may have started a server,
+so before sending it again the processes carrying its token are killed and the port checked.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+import shlex
+import signal
+import time
+
+from pydantic import BaseModel, Field
+
+from specsweep.errors import (
+    CommandNotSentError,
+    CommandOutcomeUnknown,
+    HostError,
+    KillError,
+    PortBusyError,
+    ServerCrashedError,
+    ServerStartError,
+    SpecsweepError,
+    StartUnverifiedError,
+)
+from specsweep.hosts.base import Host, ProcessInfo
+from specsweep.hosts.local import LocalHost
+from specsweep.profiles import MARKER_ENV, START_ENV, ServerProfile
+from specsweep.redact import Redactor, mask_argv
+from specsweep.server import gpus
+
+Logger = logging.Logger | logging.LoggerAdapter
+_log = logging.getLogger(__name__)
+
+#: Lines of the server log quoted when it fails.
+LOG_TAIL_LINES = 30
+
+
+def new_token() -> str:
+    """A start's token: unguessable, so that nothing else carries it by chance."""
+    return secrets.token_hex(12)
+
+
+class ServerHandle(BaseModel):
+    """A started server: JSON-serialisable, so it can cross task and process boundaries."""
+
+    name: str = Field(description="Profile name.")
+    host: str = Field(description="Host label, e.g. local or user@gpu-01:22.")
+    pid: int = Field(description="Launcher pid; also its process group and session id.")
+    pgid: int
+    port: int
+    log_path: str
+    command: str = Field(description="Launch command with secrets masked.")
+    started_at: float = Field(description="Wall-clock start time (seconds since the epoch).")
+    token: str = Field("", description="This start's token (SPECSWEEP_START in the server's environment).")
+    cuda_visible_devices: str | None = Field(
+        None, description="CUDA_VISIBLE_DEVICES in the server's environment (None: every GPU).")
+
+
+class KilledProcess(BaseModel):
+    pid: int
+    pgid: int
+    reason: str = Field(description="Why it was taken as part of the server.")
+    command: str = Field(description="Its command line, secrets masked.")
+    signal: str = Field(description="The last signal it needed: SIGTERM or SIGKILL.")
+
+
+class KillReport(BaseModel):
+    host: str
+    port: int
+    killed: list[KilledProcess] = Field(default_factory=list)
+    duration_s: float
+    port_free: bool
+    gpu_memory_used_mib: list[int] | None = Field(None, description="Per GPU after the kill; None without nvidia-smi.")
+
+    def summary(self) -> str:
+        if not self.killed:
+            held = "" if self.port_free else "; the port is held by another program"
+            return f"nothing was running for port {self.port} on {self.host} ({self.duration_s:.2f} s){held}"
+        forced = sum(1 for k in self.killed if k.signal == "SIGKILL")
+        extra = f", {forced} needed SIGKILL" if forced else ""
+        return f"killed {len(self.killed)} process(es) on {self.host} in {self.duration_s:.2f} s{extra}; port {self.port} free"
+
+
+def _mask_cmdline(args: str, redact: Redactor) -> str:
+    try:
+        return redact(shlex.join(mask_argv(shlex.split(args))))
+    except ValueError:
+        return redact(args)
+
+
+def _protected_pids(host: Host, procs: dict[int, ProcessInfo]) -> set[int]:
+    """Processes a kill must never touch: pid 1 and, locally, this process and its ancestors."""
+    protected = {0, 1}
+    if isinstance(host, LocalHost):
+        pid = os.getpid()
+        while pid and pid not in protected:
+            protected.add(pid)
+            pid = procs[pid].ppid if pid in procs else 0
+    return protected
+
+
+def find_server_processes(host: Host, profile: ServerProfile, handle: ServerHandle | None = None, *,
+                          token: str | None = None) -> dict[int, str]:
+    """The live processes a kill takes, with the reason each was picked: the server of ``handle``
+    (or of the start ``token``), else specsweep's leftovers for the profile's port. Only the login
+    user's processes, only those specsweep marked (module docstring)."""
+    procs = {p.pid: p for p in host.processes() if p.alive}
+    me = host.login_uid()
+    protected = _protected_pids(host, procs)
+    mine = {pid for pid, p in procs.items() if p.uid == me and pid not in protected}
+    found: dict[int, str] = {}
+
+    def take(pid: int, reason: str) -> None:
+        if pid in mine and pid not in found:
+            found[pid] = reason
+
+    token = handle.token if handle is not None and handle.token else token
+    if token:
+        carriers = set(host.pids_with_env(START_ENV, token))
+        for pid in sorted(carriers):
+            take(pid, f"started by this run (start {token[:8]})")
+        # The server's process group: its members may not carry the token (an engine's worker that retitles
+        # itself, which overwrites its environment). The group is this start's while its leader carries the
+        # token, or once the leader is gone: the kernel hands a group's id to no one else while it has members.
+        if handle is not None and (handle.pid in carriers or handle.pid not in procs):
+            for p in procs.values():
+                if p.pgid == handle.pgid:
+                    take(p.pid, f"in the server's process group {handle.pgid}")
+    elif handle is not None:
+        # A handle from before start tokens: its process group, while its leader still carries the marker.
+        if handle.pid in host.pids_with_env(MARKER_ENV, str(handle.port)):
+            for p in procs.values():
+                if p.pgid == handle.pgid:
+                    take(p.pid, f"in the server's process group {handle.pgid}")
+    else:
+        marked = set(host.pids_with_env(MARKER_ENV, str(profile.port))) & mine
+        patterns = [re.compile(p) for p in profile.cleanup_patterns]
+        for pid in sorted(marked):
+            if not patterns:
+                take(pid, f"left over: started by specsweep for port {profile.port}")
+            elif any(rx.search(procs[pid].args) for rx in patterns if pid in procs):
+                take(pid, f"left over: started by specsweep for port {profile.port}, matches cleanup_patterns")
+    # Descendants that still hang off the tree (the login user's only).
+    _add_descendants(found, procs, mine, "child of a server process")
+    return found
+
+
+def _add_descendants(found: dict[int, str], procs: dict[int, ProcessInfo], allowed: set[int], reason: str) -> None:
+    """Add the descendants of the processes in ``found`` that are among ``allowed``."""
+    children: dict[int, list[int]] = {}
+    for p in procs.values():
+        children.setdefault(p.ppid, []).append(p.pid)
+    stack = list(found)
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in found and child in allowed:
+                found[child] = f"{reason} ({procs[child].ppid})"
+                stack.append(child)
+
+
+def _alive(host: Host, pids: set[int]) -> set[int]:
+    return {p.pid for p in host.processes() if p.pid in pids and p.alive}
+
+
+def describe_process(p: ProcessInfo | None, pid: int, redact: Redactor) -> str:
+    if p is None:
+        return f"pid {pid}"
+    return f"pid {pid} (user {p.user}): {_mask_cmdline(p.args, redact)[:500]}"
+
+
+def describe_port_holders(host: Host, port: int, redact: Redactor | None = None) -> str:
+    owners = host.port_owners(port)
+    if not owners:
+        return "a process this user cannot see (another user's)"
+    procs = {p.pid: p for p in host.processes()}
+    return "; ".join(describe_process(procs.get(pid), pid, redact or Redactor()) for pid in owners)
+
+
+def kill_server(
+    host: Host,
+    profile: ServerProfile,
+    handle: ServerHandle | None = None,
+    *,
+    token: str | None = None,
+    logger: Logger | None = None,
+) -> KillReport:
+    """Stop the server of ``handle`` (or of the start ``token``), else specsweep's leftovers for the
+    profile's port, and verify they are gone. Nothing running is fine; a port held by a process
+    specsweep did not start is reported (``port_free`` False), never touched."""
+    log = logger or _log
+    redact = profile.redactor()
+    start = time.monotonic()
+    procs = {p.pid: p for p in host.processes()}
+    found = find_server_processes(host, profile, handle, token=token)
+    return _kill(host, profile, found, procs, handle, token=token, log=log, redact=redact, start=start)
+
+
+def _kill(host: Host, profile: ServerProfile, found: dict[int, str], procs: dict[int, ProcessInfo],
+          handle: ServerHandle | None, *, token: str | None, log: Logger, redact: Redactor,
+          start: float) -> KillReport:
+    killed: dict[int, KilledProcess] = {}
+    visible = handle.cuda_visible_devices if handle is not None else None
+    if found and handle is None:
+        visible = host.environ_value(min(found), "CUDA_VISIBLE_DEVICES")
+    for pid, reason in found.items():
+        p = procs.get(pid)
+        killed[pid] = KilledProcess(
+            pid=pid,
+            pgid=p.pgid if p else pid,
+            reason=reason,
+            command=_mask_cmdline(p.args if p else "", redact),
+            signal="SIGTERM",
+        )
+        log.info("stopping pid %d (%s): %s", pid, reason, killed[pid].command[:200])
+
+    if found:
+        protected = _protected_pids(host, procs)
+        own_groups = {procs[p].pgid for p in protected if p in procs}
+        # Whole groups only where every member is one this kill takes.
+        groups = {k.pgid for k in killed.values() if k.pgid not in own_groups and k.pgid > 1
+                  and all(p.pid in found for p in procs.values() if p.pgid == k.pgid and p.alive)}
+
+        def send(sig: int, pids: set[int]) -> None:
+            for g in sorted(groups):
+                host.signal_group(g, sig)
+            host.signal_pids(sorted(pids), sig)
+
+        remaining = set(found)
+        send(signal.SIGTERM, remaining)
+        deadline = time.monotonic() + profile.kill_grace_s
+        while remaining and time.monotonic() < deadline:
+            time.sleep(0.05)
+            remaining = _alive(host, remaining)
+        if remaining:
+            log.warning(
+                "%d process(es) ignored SIGTERM for %.0f s: sending SIGKILL to %s",
+                len(remaining), profile.kill_grace_s, sorted(remaining),
+            )
+            for pid in remaining:
+                killed[pid].signal = "SIGKILL"
+            send(signal.SIGKILL, remaining)
+            deadline = time.monotonic() + 10
+            while remaining and time.monotonic() < deadline:
+                time.sleep(0.05)
+                remaining = _alive(host, remaining)
+        if remaining:
+            raise KillError(
+                f"processes {sorted(remaining)} on {host.label} survived SIGKILL (stuck in the kernel?). "
+                "Check them with ps; a reboot may be needed."
+            )
+        # Anything that appeared meanwhile (a child forked during shutdown) goes too.
+        late = find_server_processes(host, profile, handle, token=token)
+        if late:
+            for pid, reason in late.items():
+                log.warning("a late process %d (%s) appeared during the kill: SIGKILL", pid, reason)
+            host.signal_pids(sorted(late), signal.SIGKILL)
+
+    port_free = True
+    if host.port_listening(profile.port):
+        # Ours may take a moment to let go of it; anyone else's is left alone.
+        port_free = bool(found) and host.wait_until(lambda: not host.port_listening(profile.port), timeout=10)
+        if not port_free:
+            holders = set(host.port_owners(profile.port))
+            if holders & set(found):
+                raise KillError(f"port {profile.port} on {host.label} is still held by {sorted(holders & set(found))} "
+                                "after the kill. Stop them by hand or choose another port.")
+            log.warning("port %d on %s is held by a process specsweep did not start, left alone: %s",
+                        profile.port, host.label, describe_port_holders(host, profile.port, redact))
+
+    gpu = gpus.memory_used(host, visible) if found else None
+    if gpu is not None:
+        deadline = time.monotonic() + profile.gpu_memory_timeout_s
+        while any(m >= profile.gpu_memory_free_mib for m in gpu) and time.monotonic() < deadline:
+            time.sleep(1.0)
+            gpu = gpus.memory_used(host, visible) or []
+        if any(m >= profile.gpu_memory_free_mib for m in gpu):
+            which = f"GPUs {visible}" if visible is not None else "its GPUs"
+            raise KillError(
+                f"GPU memory of the server's {which} on {host.label} is still in use after the kill ({gpu} MiB, "
+                f"limit {profile.gpu_memory_free_mib} MiB after {profile.gpu_memory_timeout_s:.0f} s). "
+                "Look for leftover processes with nvidia-smi."
+            )
+
+    report = KillReport(
+        host=host.label,
+        port=profile.port,
+        killed=sorted(killed.values(), key=lambda k: k.pid),
+        duration_s=time.monotonic() - start,
+        port_free=port_free,
+        gpu_memory_used_mib=gpu,
+    )
+    log.info("%s", report.summary())
+    return report
+
+
+def _take_port(host: Host, profile: ServerProfile, log: Logger, redact: Redactor) -> None:
+    """kill_port_holder: stop what holds the port, if it is the SSH user's (and its descendants)."""
+    owners = host.port_owners(profile.port)
+    procs = {p.pid: p for p in host.processes() if p.alive}
+    me = host.login_uid()
+    foreign = [pid for pid in owners if pid not in procs or procs[pid].uid != me]
+    if not owners or foreign:
+        who = describe_port_holders(host, profile.port, redact)
+        raise PortBusyError(
+            f"port {profile.port} on {host.label} is held by {who}, not a process of the SSH user "
+            f"{host.login_user()}: kill_port_holder only takes the SSH user's own processes. Ask its owner to "
+            "stop it, or choose another port."
+        )
+    protected = _protected_pids(host, procs)
+    found: dict[int, str] = {pid: f"holds port {profile.port} (kill_port_holder)" for pid in owners
+                             if pid not in protected}
+    mine = {pid for pid, p in procs.items() if p.uid == me and pid not in protected}
+    _add_descendants(found, procs, mine, "child of the port's holder")
+    log.warning("port %d is held by %s: killing it first (kill_port_holder is set)",
+                profile.port, describe_port_holders(host, profile.port, redact))
+    _kill(host, profile, found, procs, None, token=None, log=log, redact=redact, start=time.monotonic())
+
+
+def start_server(
+    host: Host,
+    profile: ServerProfile,
+    *,
+    kill_port_holder: bool = False,
+    token: str | None = None,
+    logger: Logger | None = None,
+) -> ServerHandle:
+    """Launch the server detached, in its own session, logging to the profile's log file; its
+    environment carries ``token`` (a new one when not given), by which a kill finds it.
+
+    The start is sent once. Not sent (the link was down): sent again. Sent, answer lost: whatever
+    it started is killed and the port checked before it is sent again; if that cannot be done,
+    ``StartUnverifiedError`` (never retried: a server may be running)."""
+    log = logger or _log
+    redact = profile.redactor()
+    token = token or new_token()
+    if host.port_listening(profile.port):
+        if not kill_port_holder:
+            raise PortBusyError(
+                f"port {profile.port} on {host.label} is already in use by "
+                f"{describe_port_holders(host, profile.port, redact)}, which specsweep did not start (or another "
+                "run's server holds it). Stop that process (kill PID, as its user), choose another port, or set "
+                "kill_port_holder to have specsweep kill it first (only processes of the SSH user)."
+            )
+        _take_port(host, profile, log, redact)
+    if profile.key_on_command_line:
+        log.warning("%s takes its API key as an argument ({api_key} in argv): every user of %s can read it with "
+                    "ps. Use api_key_env where the engine reads the key from its environment.", profile.name,
+                    host.label)
+    command = profile.masked_command()
+    log.info("starting %s on %s: %s", profile.name, host.label, command)
+    started_at = time.time()
+    for attempt in (1, 2):
+        try:
+            started = host.start_detached(
+                profile.launch_argv(), log_path=profile.resolved_log_path, env=profile.launch_env(token),
+                cwd=profile.cwd,
+            )
+            break
+        except CommandNotSentError as exc:
+            if attempt == 2:
+                raise
+            log.warning("the start of %s was not sent (%s): sending it again", profile.name, exc)
+        except CommandOutcomeUnknown as exc:
+            log.warning("the start of %s may have run, its answer was lost (%s): removing whatever it started "
+                        "before trying again", profile.name, exc)
+            try:
+                report = kill_server(host, profile, token=token, logger=log)
+            except SpecsweepError as again:
+                raise StartUnverifiedError(
+                    f"the start of {profile.name} on {host.label} may have started a server, and it could not be "
+                    f"checked ({again}). Not trying again: the next run's leftover kill, or `specsweep server kill` "
+                    "with this profile, removes it."
+                ) from None
+            if not report.port_free:
+                raise PortBusyError(f"port {profile.port} on {host.label} was taken by "
+                                    f"{describe_port_holders(host, profile.port, redact)} during the start") from None
+            if attempt == 2:
+                raise ServerStartError(f"the start of {profile.name} on {host.label} lost its answer twice ({exc}); "
+                                       "what it started was removed") from None
+    else:  # pragma: no cover - the loop always breaks or raises
+        raise ServerStartError("unreachable")
+    handle = ServerHandle(
+        name=profile.name,
+        host=host.label,
+        pid=started.pid,
+        pgid=started.pid,
+        port=profile.port,
+        log_path=started.log_path,
+        command=command,
+        started_at=started_at,
+        token=token,
+        cuda_visible_devices=started.cuda_visible_devices,
+    )
+    log.info("server %s started: pid %d, log %s", profile.name, started.pid, handle.log_path)
+    return handle
+
+
+def raise_if_exited(host: Host, profile: ServerProfile, handle: ServerHandle, when: str) -> None:
+    """The crash check between levels: if the server process is gone, raise ServerCrashedError with
+    its log's last lines (rather than measuring nothing level after level). A host that cannot be
+    asked just now is not a crash."""
+    try:
+        if host.pid_alive(handle.pid):
+            return
+        tail = profile.redactor()(host.tail(handle.log_path, LOG_TAIL_LINES).rstrip()) or "(the log is empty)"
+    except HostError:
+        return
+    raise ServerCrashedError(f"server {profile.name} (pid {handle.pid}) on {host.label} exited {when}. "
+                             f"The levels measured before are kept. Last lines of {handle.log_path}:\n{tail}")
+
+
+def find_handle(host: Host, profile: ServerProfile) -> ServerHandle | None:
+    """Rebuild the handle of a server specsweep started for this profile's port, if one runs (the
+    login user's)."""
+    me = host.login_uid()
+    pids = set(host.pids_with_env(MARKER_ENV, str(profile.port)))
+    procs = [p for p in host.processes() if p.pid in pids and p.alive and p.uid == me]
+    leaders = [p for p in procs if p.pid == p.pgid] or procs
+    if not leaders:
+        return None
+    leader = min(leaders, key=lambda p: p.pid)
+    elapsed = host.run(["ps", "-o", "etimes=", "-p", str(leader.pid)], timeout=30).stdout.strip()
+    started_at = time.time() - (int(elapsed) if elapsed.isdigit() else 0)
+    log_path = profile.resolved_log_path
+    if log_path.startswith("~/"):
+        home = host.run(["sh", "-c", 'printf %s "$HOME"'], timeout=30).stdout
+        log_path = f"{home}/{log_path[2:]}"
+    return ServerHandle(
+        name=profile.name,
+        host=host.label,
+        pid=leader.pid,
+        pgid=leader.pgid,
+        port=profile.port,
+        log_path=log_path,
+        command=_mask_cmdline(leader.args, profile.redactor()),
+        started_at=started_at,
+        token=host.environ_value(leader.pid, START_ENV) or "",
+        cuda_visible_devices=host.environ_value(leader.pid, "CUDA_VISIBLE_DEVICES"),
+    )

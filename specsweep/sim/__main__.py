@@ -1,3 +1,0 @@
-from specsweep.sim.server import main
-
-main()

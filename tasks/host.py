@@ -1,0 +1,146 @@
+"""A run's hold on its host: one benchmark per GPU host at a time, whoever started it, and the run's
+one connection to it.
+
+A Prefect global concurrency limit of 1 per host (``specsweep-host-<host>``, created when
+missing) is held from a run's first kill to its last. The slot is a lease renewed while
+the run lives; its id is also kept in a Prefect variable, so that the hooks of a run that
+was cancelled or killed outright (they run in another process) can give the host back at
+once instead of when the lease runs out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from uuid import UUID
+
+from prefect import get_run_logger
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, VariableCreate
+from prefect.concurrency.asyncio import concurrency
+from prefect.concurrency.context import ConcurrencyContext
+from prefect.context import FlowRunContext
+from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+
+from specsweep.hosts import Host, HostConfig, open_host
+from tasks.blocks import record_host_keys
+
+LOCK_LEASE_S = 60.0
+
+
+def lock_name(host: HostConfig) -> str:
+    label = socket.gethostname() if host.kind == "local" else host.label
+    return "specsweep-host-" + re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
+
+
+@asynccontextmanager
+async def host_lock(host: HostConfig) -> AsyncIterator[None]:
+    """One benchmark per host at a time, whoever started it: a global concurrency limit of 1
+    per host (created when missing), held from the first kill to the last."""
+    logger = get_run_logger()
+    name = lock_name(host)
+    async with get_client() as client:
+        try:
+            limit = await client.read_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            try:
+                await client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
+            except ObjectAlreadyExists:
+                pass
+            limit = await client.read_global_concurrency_limit_by_name(name)
+
+    async def announce_wait(after_s: float) -> None:
+        # Said at once when the host is seen busy, else as soon as taking the slot takes a
+        # while (two runs that start together both see it free; one of them then waits).
+        await asyncio.sleep(after_s)
+        logger.info("waiting for host %s: another benchmark is running on it (global concurrency limit %r)",
+                    host.label, name)
+
+    announcer = asyncio.create_task(announce_wait(0.0 if limit.active_slots >= limit.limit else 2.0))
+    t0 = time.monotonic()
+    # The slot is a lease renewed while the run lives: a run killed outright (no chance to
+    # release it) blocks the host only until its lease runs out.
+    context = FlowRunContext.get()
+    flow_run = context.flow_run if context else None
+    try:
+        async with concurrency(name, occupy=1, strict=True, lease_duration=LOCK_LEASE_S):
+            announcer.cancel()
+            logger.info("holding host %s (waited %.1f s); other runs on it wait until this one ends", host.label,
+                        time.monotonic() - t0)
+            recorded = await _record_lease(flow_run.id if flow_run else None)
+            try:
+                yield
+            finally:
+                if recorded:
+                    await _forget_lease(recorded)
+    finally:
+        announcer.cancel()
+
+
+def lease_variable(flow_run_id: object) -> str:
+    return f"specsweep-lease-{flow_run_id}"
+
+
+async def _record_lease(flow_run_id: object) -> str | None:
+    """Note the host lock's lease where the crash and cancellation hooks (another process) can
+    find it, so that a run killed outright frees its host at once rather than when the lease
+    runs out."""
+    ctx = ConcurrencyContext.get()
+    if flow_run_id is None or ctx is None or not ctx.cleanup_lease_ids:
+        return None
+    name = lease_variable(flow_run_id)
+    async with get_client() as client:
+        existing = await client.read_variable_by_name(name)
+        if existing is not None:
+            await client.delete_variable_by_name(name)
+        await client.create_variable(VariableCreate(name=name, value=str(ctx.cleanup_lease_ids[-1])))
+    return name
+
+
+async def _forget_lease(name: str) -> None:
+    try:
+        async with get_client() as client:
+            await client.delete_variable_by_name(name)
+    except Exception:  # noqa: BLE001 - the lease itself was released; this is bookkeeping
+        pass
+
+
+def release_recorded_lease(flow_run_id: object) -> bool:
+    """From a hook: release the host lock a killed flow run still holds. True if there was one."""
+    name = lease_variable(flow_run_id)
+    with get_client(sync_client=True) as client:
+        variable = client.read_variable_by_name(name)
+        if variable is None:
+            return False
+        try:
+            client.release_concurrency_slots_with_lease(UUID(str(variable.value)))
+        except Exception:  # noqa: BLE001 - already expired or released
+            pass
+        client.delete_variable_by_name(name)
+    return True
+
+
+@asynccontextmanager
+async def hold_host(config: HostConfig, block: str | None = None) -> AsyncIterator[Host]:
+    """The host held for this run (its lock, from the first kill to the last) and the run's one
+    connection to it. Host keys it trusted by accept_unknown_host_key are kept in the ssh-host
+    ``block`` it came from, for later runs to check against."""
+    async with host_lock(config):
+        logger = get_run_logger()
+        host = open_host(config, logger)
+        try:
+            yield host
+        finally:
+            await asyncio.to_thread(host.close)
+            if block and (accepted := host.accepted_host_keys()):
+                try:
+                    added = await record_host_keys(block, accepted)
+                    if added:
+                        logger.warning("recorded %d host key(s) trusted this run in ssh-host block %s: later runs "
+                                       "check the host against them", len(added), block)
+                except Exception as exc:  # noqa: BLE001 - the run's work is done; say what was not kept
+                    logger.error("could not record the trusted host keys in ssh-host block %s: %s", block, exc)
