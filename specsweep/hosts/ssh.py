@@ -124,7 +124,7 @@ class SSHHost(Host):
             if not path.is_file():
                 raise HostError(f"SSH key file {path} does not exist: fix ssh.key_path")
             try:
-                pkey = paramiko.PKey.from_path(path, password=passphrase)
+                pkey = paramiko.PKey.from_path(path, password=passphrase.encode() if passphrase else None)
             except paramiko.PasswordRequiredException as exc:
                 raise HostError(f"SSH key {path} is encrypted: give its passphrase") from exc
         where = f"{endpoint.user + '@' if endpoint.user else ''}{endpoint.hostname}:{endpoint.port}"

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from specsweep.errors import HostError, HostKeyError
@@ -200,3 +202,40 @@ def test_jump_and_target_keys_are_pinned_apart(jump_pair: JumpPair, ssh_keys: tu
     with open_host(cfg) as host:
         assert host.run(["true"]).ok
         assert sorted(host.accepted_host_keys()) == sorted([target.known_hosts_line(), bastion.known_hosts_line()])
+
+
+@pytest.mark.parametrize("given_as", ["text", "file"])
+def test_a_key_with_a_passphrase_reaches_the_tunnel_through_its_own_agent(tmp_path: Path, given_as: str) -> None:
+    """The OpenSSH tunnel takes a key with a passphrase through a private ssh-agent: the key is never
+    written out in clear, the passphrase is on no command line, and the agent ends with the tunnel."""
+    import http.server
+    import threading
+
+    from specsweep.hosts.tunnel import open_tunnel
+
+    key = tmp_path / "locked"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "correct horse battery", "-C", "locked", "-f", str(key)],
+                   check=True)
+    sshd = start_sshd(tmp_path / "sshd", [key.with_suffix(".pub").read_text().strip()])
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(sshd.known_hosts_line() + "\n")
+    source = {"private_key": key.read_text()} if given_as == "text" else {"key_path": key}
+    ep = SSHLogin(hostname=sshd.address, port=sshd.port, user=sshd.user, known_hosts=known_hosts, use_agent=False,
+                  passphrase="correct horse battery", **source)  # type: ignore[arg-type]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    with SSHHost(ep) as host:
+        tunnel = open_tunnel(host, "127.0.0.1", server.server_address[1], expect_listening=True)
+        try:
+            assert tunnel._agent is not None and tunnel._agent.poll() is None
+            assert httpx.get(tunnel.url + "/", timeout=10).status_code == 200  # through ssh -L, authenticated
+            cmdlines = [p.read_bytes() for p in Path("/proc").glob("[0-9]*/cmdline") if p.exists()]
+            assert not any(b"correct horse battery" in c for c in cmdlines)
+            private = [p for p in tunnel._dir.iterdir() if p.is_file() and b"PRIVATE KEY" in p.read_bytes()]
+            assert private == []  # no key file in clear: the agent holds it
+            agent = tunnel._agent
+        finally:
+            tunnel.close()
+            server.shutdown()
+            sshd.stop()
+    assert agent.poll() is not None and not tunnel._dir.exists()
