@@ -124,7 +124,8 @@ class SSHHost(Host):
             if not path.is_file():
                 raise HostError(f"SSH key file {path} does not exist: fix ssh.key_path")
             try:
-                pkey = paramiko.PKey.from_path(path, password=passphrase.encode() if passphrase else None)
+                # The stubs say str; paramiko hands it to cryptography, which takes bytes only.
+                pkey = paramiko.PKey.from_path(path, password=passphrase.encode() if passphrase else None)  # type: ignore[arg-type]
             except paramiko.PasswordRequiredException as exc:
                 raise HostError(f"SSH key {path} is encrypted: give its passphrase") from exc
         where = f"{endpoint.user + '@' if endpoint.user else ''}{endpoint.hostname}:{endpoint.port}"
