@@ -20,7 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from flows.compare_speculation import LOCAL_BENCHMARK, LOCAL_DECISION, compare_local_llamacpp  # noqa: E402
+from flows.compare_speculation import compare_local_llamacpp  # noqa: E402
+from specsweep.parameters import LOCAL_BENCHMARK, LOCAL_DECISION  # noqa: E402
 
 
 async def main() -> None:

@@ -18,8 +18,6 @@ from typing import Annotated, Any, Optional  # noqa: UP035 - typer reads Optiona
 import typer
 from pydantic import ValidationError
 
-from flows.compare_speculation import LOCAL_BENCHMARK, LOCAL_DECISION, compare_local_llamacpp
-from flows.tune_speculation import grid_profiles, tune_speculation
 from specsweep import engines
 from specsweep.cli import app
 from specsweep.cli.options import (
@@ -40,7 +38,7 @@ from specsweep.engines.llamacpp import LlamaCppSettings
 from specsweep.engines.sglang import SGLangSettings
 from specsweep.engines.vllm import VLLMSettings
 from specsweep.errors import ConfigError, SpecsweepError
-from specsweep.parameters import BenchmarkSettings
+from specsweep.parameters import LOCAL_BENCHMARK, LOCAL_DECISION, BenchmarkSettings
 from specsweep.profiles import describe_validation_error
 from specsweep.reports.folders import comparison_folder, tuning_folder
 from specsweep.reports.tables import print_comparison, print_tuning
@@ -70,6 +68,8 @@ def compare_local(
 ) -> None:
     """The main job: llama.cpp baseline vs draft speculation on this machine's CPU (compare-local-llamacpp),
     then the comparison table, the answer and where the data and report are."""
+    from flows.compare_speculation import compare_local_llamacpp  # Prefect loads with the command, not with --help
+
     setup_logging()
     t0 = time.monotonic()
     try:
@@ -131,6 +131,8 @@ def tune(
 ) -> None:
     """The grid (tune-speculation): speculative settings x concurrency levels, the best setting per range, in
     the engine's own per-batch form."""
+    from flows.tune_speculation import grid_profiles, tune_speculation  # Prefect loads with the command
+
     setup_logging()
     t0 = time.monotonic()
     try:

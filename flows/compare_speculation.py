@@ -21,28 +21,17 @@ from pydantic import BaseModel
 from specsweep import designs
 from specsweep.analysis.compare import Comparison
 from specsweep.analysis.decision import DecisionConfig
-from specsweep.bench.config import SweepConfig, WorkloadConfig
 from specsweep.engines.llamacpp import LlamaCppSettings
 from specsweep.engines.sglang import SGLangSettings
 from specsweep.engines.vllm import VLLMSettings
 from specsweep.hosts import HostConfig
-from specsweep.parameters import BenchmarkSettings
+from specsweep.parameters import LOCAL_BENCHMARK, LOCAL_DECISION, SGLANG_BENCHMARK, BenchmarkSettings
 from specsweep.profiles import ProfileParams, ServerProfile
 from tasks.arms import ServerArm
 from tasks.cleanup import benchmark_flow
 from tasks.host import hold_host
 from tasks.results import compare_configurations, publish_configuration
 from tasks.run import ConfigurationResult, prepare_run
-
-#: The main job's defaults: tiny models on two CPU cores.
-LOCAL_BENCHMARK = BenchmarkSettings(
-    workload=WorkloadConfig(input_len=16, output_len=64),
-    sweep=SweepConfig(concurrency=[1, 2, 4, 8], num_requests=12, warmup_requests=2),
-)
-#: Both small servers fit side by side: blocks alternate between them without restarts.
-LOCAL_DECISION = DecisionConfig(design="alternate", alternate_by="side-by-side")
-#: The sweep an SGLang GPU host gets by default: up to 64 in flight.
-SGLANG_BENCHMARK = BenchmarkSettings(sweep=SweepConfig(concurrency=[1, 2, 4, 8, 16, 32, 64]))
 
 
 class ComparisonResult(BaseModel):

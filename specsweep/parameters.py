@@ -10,6 +10,7 @@ from typing import TypedDict
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from specsweep.analysis.decision import DecisionConfig
 from specsweep.bench.config import RequestParams, SweepConfig, WorkloadConfig
 from specsweep.results import DEFAULT_ROOT
 
@@ -77,3 +78,14 @@ class BenchmarkSettings(BaseModel):
                          description="Results root: a folder every worker can read, or a URL (s3://bucket/prefix, gs://…).")
     results_block: str | None = Field(
         None, description="Or: the name of a specsweep-results block (a URL with the credentials it needs).")
+
+
+#: The main job's defaults: tiny models on two CPU cores.
+LOCAL_BENCHMARK = BenchmarkSettings(
+    workload=WorkloadConfig(input_len=16, output_len=64),
+    sweep=SweepConfig(concurrency=[1, 2, 4, 8], num_requests=12, warmup_requests=2),
+)
+#: Both small servers fit side by side: blocks alternate between them without restarts.
+LOCAL_DECISION = DecisionConfig(design="alternate", alternate_by="side-by-side")
+#: The sweep an SGLang GPU host gets by default: up to 64 in flight.
+SGLANG_BENCHMARK = BenchmarkSettings(sweep=SweepConfig(concurrency=[1, 2, 4, 8, 16, 32, 64]))

@@ -20,6 +20,19 @@ TOY = str(REPO / "tests" / "helpers" / "toy_server.py")
 
 os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
 
+#: The longest test files, first: the parallel run (scripts/test.sh: pytest-xdist, one file per worker at a
+#: time) ends sooner when the long ones do not start last.
+LONGEST_FIRST = ["engines/test_vllm.py", "flows/test_compare_flow.py", "faults/test_tunnel.py", "flows/test_tune_flow.py",
+                 "deployments/test_deployments.py", "faults/test_link_drop.py", "flows/test_shared_results.py"]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        path = item.path.as_posix()
+        return next((i for i, name in enumerate(LONGEST_FIRST) if path.endswith(name)), len(LONGEST_FIRST))
+
+    items.sort(key=rank)  # stable: the order within a file is kept
+
 
 def toy_profile(tmp_path: Path, *args: str, name: str = "toy", port: int | None = None, **fields: Any) -> ServerProfile:
     """A profile for the misbehaving toy server, on a free port, logging under tmp_path."""

@@ -52,8 +52,10 @@ def settings(models: HFModels, python: str, port: int, **fields: object) -> VLLM
     return VLLMSettings.model_validate({
         "model": str(models.target), "method": "draft_model", "draft_model": str(models.draft),
         "num_speculative_tokens": 3, "port": port, "max_model_len": 1024, "python": python,
-        # 1 GiB of KV cache; bf16 is what the CPU backend runs fastest.
-        "extra_args": ["--dtype", "bfloat16"], "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}, "startup_timeout_s": 300,
+        # 1 GiB of KV cache; bf16 is what the CPU backend runs fastest; eager (no torch.compile): a start
+        # takes about 22 s here instead of 45.
+        "extra_args": ["--dtype", "bfloat16", "--enforce-eager"], "env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
+        "startup_timeout_s": 300,
         **fields})
 
 

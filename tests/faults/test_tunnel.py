@@ -95,9 +95,18 @@ def behind_bastion(tmp_path_factory: pytest.TempPathFactory, ssh_keys: tuple[Pat
         bastion.destroy()
 
 
-def tunnels_left() -> list[int]:
-    """ssh processes of specsweep tunnels still running on this machine."""
-    return pids_with_env(TUNNEL_MARKER_ENV)
+def tunnels_left(host: str, port: int = SSH_PORT) -> list[int]:
+    """ssh processes of specsweep tunnels to ``host:port`` still running on this machine (those to other
+    hosts are other tests')."""
+    found = []
+    for pid in pids_with_env(TUNNEL_MARKER_ENV):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if host in argv and any(a == "-p" and b == str(port) for a, b in zip(argv, argv[1:], strict=False)):
+            found.append(pid)
+    return found
 
 
 def sim_pair(port: int, tmp_path: Path) -> tuple[ServerProfile, ServerProfile]:
@@ -126,7 +135,7 @@ async def test_comparison_of_a_loopback_server_through_a_tunnel(topology: str, r
     assert comp.levels[0].ratio > comp.levels[1].ratio and comp.levels[1].verdict == "slower", comp.levels
     logs = "\n".join(await flow_logs(state.state_details.flow_run_id))
     assert "the client reaches it at http://127.0.0.1:" in logs and "OpenSSH tunnel to 127.0.0.1:30000" in logs
-    assert tunnels_left() == [] and [p for p in pids_with_marker(30000) if p in remote.net.pids()] == []
+    assert tunnels_left(remote.net.addr) == [] and [p for p in pids_with_marker(30000) if p in remote.net.pids()] == []
 
 
 async def test_a_host_whose_sshd_refuses_forwarding_fails_fast_and_says_so(
@@ -148,7 +157,7 @@ async def test_a_host_whose_sshd_refuses_forwarding_fails_fast_and_says_so(
     message = state.message or ""
     assert "refuses TCP forwarding" in message and "AllowTcpForwarding" in message and sshd.address in message
     assert took < 30 and not (tmp_path / "results" / "levels").exists()  # before any level, and no server started
-    assert pids_with_marker(30123) == [] and tunnels_left() == []
+    assert pids_with_marker(30123) == [] and tunnels_left(sshd.address, sshd.port) == []
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -171,7 +180,7 @@ def test_forwarding_refused_is_said_within_seconds(tmp_path: Path, ssh_keys: tup
     finally:
         sshd.stop()
     assert out.returncode != 0 and took < 10 and "refuses TCP forwarding" in out.stderr, (took, out.stderr)
-    assert tunnels_left() == []
+    assert tunnels_left(sshd.address, sshd.port) == []
 
 
 def test_bench_through_the_tunnel_and_its_clear_errors(gpu: Gpu, tmp_path: Path, ssh_keys: tuple[Path, str]) -> None:
@@ -205,7 +214,7 @@ def test_bench_through_the_tunnel_and_its_clear_errors(gpu: Gpu, tmp_path: Path,
     finally:
         proc.terminate()
         proc.wait(10)
-    assert tunnels_left() == []
+    assert tunnels_left(gpu.net.addr) == []
 
 
 async def test_a_server_that_listens_elsewhere_is_named_not_waited_for(gpu: Gpu, tmp_path: Path) -> None:
@@ -225,7 +234,7 @@ async def test_a_server_that_listens_elsewhere_is_named_not_waited_for(gpu: Gpu,
     (wait,) = [tr for tr in task_runs if tr.name.startswith("wait_for_health")]
     assert wait.state is not None and wait.state.is_failed() and wait.total_run_time.total_seconds() < 60, wait
     assert "listens on port 30200" in (state.message or "") and "cannot reach it" in (state.message or "")
-    assert tunnels_left() == [] and [p for p in pids_with_marker(30200) if p in gpu.net.pids()] == []
+    assert tunnels_left(gpu.net.addr) == [] and [p for p in pids_with_marker(30200) if p in gpu.net.pids()] == []
 
 
 async def test_a_crashed_flow_process_leaves_no_tunnel(gpu: Gpu, tmp_path: Path) -> None:
@@ -239,11 +248,11 @@ async def test_a_crashed_flow_process_leaves_no_tunnel(gpu: Gpu, tmp_path: Path)
         await wait_for_deployment("benchmark-config/tunnel-crash")
         run = await run_deployment("benchmark-config/tunnel-crash", parameters=params, timeout=0)
         for _ in range(240):  # until the server runs on the GPU host and the endless level is under way
-            if tunnels_left() and [p for p in pids_with_marker(30300) if p in gpu.net.pids()] and \
+            if tunnels_left(gpu.net.addr) and [p for p in pids_with_marker(30300) if p in gpu.net.pids()] and \
                     "level C=1" in "\n".join(await flow_logs(run.id, until="level C=1")):
                 break
             time.sleep(0.25)
-        assert tunnels_left()
+        assert tunnels_left(gpu.net.addr)
         with socket.socket() as outside:  # the server is on the GPU host's loopback: not reachable from here
             outside.settimeout(1)
             assert outside.connect_ex((gpu.net.addr, 30300)) != 0
@@ -253,10 +262,10 @@ async def test_a_crashed_flow_process_leaves_no_tunnel(gpu: Gpu, tmp_path: Path)
         crashed = await wait_for_state(run.id, {"Crashed", "Failed", "Cancelled"}, timeout=90)
         assert crashed.state is not None and crashed.state.name == "Crashed", crashed.state
         for _ in range(120):
-            if not tunnels_left() and not [p for p in pids_with_marker(30300) if p in gpu.net.pids()]:
+            if not tunnels_left(gpu.net.addr) and not [p for p in pids_with_marker(30300) if p in gpu.net.pids()]:
                 break
             time.sleep(0.25)
-    assert tunnels_left() == []
+    assert tunnels_left(gpu.net.addr) == []
     assert [p for p in pids_with_marker(30300) if p in gpu.net.pids()] == []
     logs = "\n".join(await flow_logs(run.id, until="(Crashed): killed"))
     assert "(Crashed): killed 1 process(es)" in logs
@@ -297,7 +306,8 @@ async def test_levels_run_by_a_load_generator_on_the_host_behind_the_bastion(
     assert len(requests[~requests["warmup"]]) == 12 * blocks and requests["error_type"].isna().all()
     logs = "\n".join(await flow_logs(state.state_details.flow_run_id))
     assert f"load generated on {behind_bastion.sshd.user}@{behind_bastion.net.addr}" in logs
-    assert tunnels_left() == [] and [p for p in pids_with_marker(30400) if p in behind_bastion.net.pids()] == []
+    assert tunnels_left(behind_bastion.net.addr) == []
+    assert [p for p in pids_with_marker(30400) if p in behind_bastion.net.pids()] == []
 
 
 def test_bench_with_the_load_generator_on_the_host(gpu: Gpu, tmp_path: Path) -> None:
@@ -325,4 +335,4 @@ def test_bench_with_the_load_generator_on_the_host(gpu: Gpu, tmp_path: Path) -> 
     finally:
         proc.terminate()
         proc.wait(10)
-    assert tunnels_left() == []
+    assert tunnels_left(gpu.net.addr) == []

@@ -143,6 +143,7 @@ async def test_sglang_grid_on_the_simulator_retried_like_the_ui_then_its_file_tr
         assert read_adaptive_config(json.dumps(adaptive)) == {1: [3], 4: [1], 16: [0]}
 
 
+@pytest.mark.solo  # llama.cpp's threads busy-wait: beside other tests its levels take ten times as long
 async def test_llamacpp_draft_max_grid_on_this_machine(tmp_path: Path) -> None:
     """The main job's machine: a small draft-max grid on the real llama.cpp, one server at a time."""
     port = free_port()

@@ -14,6 +14,9 @@ import pytest
 from specsweep.hosts import LocalHost
 from specsweep.server.gpus import GpuSample, GpuWatch, level_gpu_figures, parse_gpu_samples, server_gpus
 
+#: Timing bounds and busy servers: these run when no other test does (scripts/test.sh).
+pytestmark = pytest.mark.solo
+
 # Verbatim rows recorded by `nvidia-smi --query-gpu=... --format=csv` on an H100 host during a serving
 # benchmark (published as test data of a public benchmarking repository): other columns, and units.
 RECORDED_H100 = """timestamp, index, uuid, name, utilization.gpu [%], utilization.memory [%], memory.used [MiB], memory.total [MiB], temperature.gpu, power.draw [W]

@@ -14,6 +14,9 @@ from specsweep.hosts import LocalHost
 from specsweep.server.lifecycle import find_handle, kill_server, start_server
 from tests.conftest import MakeToy, pids_alive, pids_with_marker, wait_ready
 
+#: Timing bounds and busy servers: these run when no other test does (scripts/test.sh).
+pytestmark = pytest.mark.solo
+
 
 @pytest.fixture
 def host() -> LocalHost:

@@ -24,6 +24,9 @@ from tasks.server import kill_server, start_server, wait_for_health
 from tests.conftest import pids_with_marker
 from tests.helpers.sshd import free_port
 
+#: Timing bounds and busy servers: these run when no other test does (scripts/test.sh).
+pytestmark = pytest.mark.solo
+
 
 def test_models_are_deterministic_and_cached(tmp_path: Path) -> None:
     spec = ModelSpec(n_embd=64, n_layer=2, n_ff=128, n_head=4, seed=7)

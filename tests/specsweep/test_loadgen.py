@@ -17,6 +17,9 @@ from specsweep.results.store import ResultsStore
 from specsweep.sweep import BenchTarget, SweepJob, measure_level, points, repeats, run_levels
 from tests.helpers.sim import running_sim
 
+#: Timing bounds and busy servers: these run when no other test does (scripts/test.sh).
+pytestmark = pytest.mark.solo
+
 
 async def measure(target: BenchTarget, workload: WorkloadConfig, sweep: SweepConfig, *, store: ResultsStore,
                   run_id: str, mode: str = "concurrency", value: float = 1) -> LevelRow:

@@ -12,6 +12,9 @@ import pytest
 
 from tests.helpers.sim import running_sim
 
+#: Timing bounds and busy servers: these run when no other test does (scripts/test.sh).
+pytestmark = pytest.mark.solo
+
 
 def stream_lines(url: str, path: str, body: dict) -> list[str]:  # type: ignore[type-arg]
     with httpx.stream("POST", url + path, json=body, timeout=30) as r:
