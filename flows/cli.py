@@ -40,8 +40,8 @@ from specsweep.engines.vllm import VLLMSettings
 from specsweep.errors import ConfigError, SpecsweepError
 from specsweep.parameters import LOCAL_BENCHMARK, LOCAL_DECISION, BenchmarkSettings
 from specsweep.profiles import describe_validation_error
-from specsweep.reports.folders import comparison_folder, tuning_folder
 from specsweep.reports.tables import print_comparison, print_tuning
+from specsweep.results import comparison_folder, tuning_folder
 
 _SWEEP, _WORKLOAD = LOCAL_BENCHMARK.sweep, LOCAL_BENCHMARK.workload
 
@@ -85,7 +85,7 @@ def compare_local(
     comp = result.comparison
     typer.echo(f"\nruns: {result.baseline.run_id} (baseline), {result.speculative.run_id} (speculative)")
     typer.echo(f"Parquet data: {result.results}/runs, /levels, /requests (partitioned by run_id)")
-    typer.echo(f"report and plots: {result.results}/{comparison_folder(comp)}/")
+    typer.echo(f"report and plots: {result.results}/{comparison_folder(comp.baseline_run_id, comp.speculative_run_id)}/")
     typer.echo(f"total time: {time.monotonic() - t0:.0f} s")
 
 
@@ -148,7 +148,7 @@ def tune(
         fail(exc)
     print_tuning(result.tuning)
     typer.echo(f"\nruns: {result.baseline.run_id} (baseline), " + ", ".join(r.run_id for r in result.points.values()))
-    typer.echo(f"report and plot: {result.results}/{tuning_folder(result.tuning)}/")
+    typer.echo(f"report and plot: {result.results}/{tuning_folder(result.tuning.baseline_run_id)}/")
     typer.echo(f"total time: {time.monotonic() - t0:.0f} s")
 
 

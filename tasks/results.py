@@ -16,10 +16,10 @@ from specsweep.analysis.tuning import GridPoint, Tuning, tune_runs
 from specsweep.engines import PerBatchSetting
 from specsweep.hosts import Host
 from specsweep.records import LevelRow
-from specsweep.reports.folders import comparison_folder, tuning_folder, write_comparison_report, write_tuning_report
+from specsweep.reports.folders import write_comparison_report, write_tuning_report
 from specsweep.reports.markdown import comparison_markdown, tuning_markdown
 from specsweep.reports.plots import comparison_plots, data_uri, tuning_plot
-from specsweep.results import ResultsStore
+from specsweep.results import ResultsStore, comparison_folder, tuning_folder
 from specsweep.server.fingerprint import host_fingerprint, server_fingerprint
 from specsweep.sweep import BenchTarget, SweepJob
 from tasks._common import artifact_key, run_logger
@@ -69,7 +69,7 @@ async def compare_configurations(
     plots = comparison_plots(comp)
     urls = await asyncio.to_thread(write_comparison_report, comp, store, plots)
     images = "\n\n".join(f"![{name}]({data_uri(png)})" for name, png in plots.items())
-    folder = store.location.url_of(comparison_folder(comp))
+    folder = store.location.url_of(comparison_folder(comp.baseline_run_id, comp.speculative_run_id))
     where = (f"### Data\n\n- levels: `{store.url}/levels/run_id={baseline_run_id}/` and `.../run_id={speculative_run_id}/`\n"
              f"- requests: `{store.url}/requests/` (same partitions)\n- runs: `{store.url}/runs/`\n"
              f"- this report and its plots: `{folder}/`\n"
@@ -96,7 +96,7 @@ async def publish_tuning(engine: str, baseline_run_id: str, point_runs: dict[str
     tuning = tune_runs(store, engine, baseline_run_id, point_runs, points, decision)
     plot = tuning_plot(tuning)
     urls = await asyncio.to_thread(write_tuning_report, tuning, store, plot)
-    folder = store.location.url_of(tuning_folder(tuning))
+    folder = store.location.url_of(tuning_folder(tuning.baseline_run_id))
     runs = ", ".join(f"`{r}`" for r in (baseline_run_id, *point_runs.values()))
     where = (f"### Data\n\n- levels: `{store.url}/levels/` (runs {runs})\n- this report: `{folder}/`\n"
              f"- read them: `pandas.read_parquet('{store.url}/levels')`")

@@ -12,7 +12,6 @@ from specsweep.analysis.decision import DecisionConfig
 from specsweep.cli.app import app
 from specsweep.cli.options import RESULTS_DEFAULT, Results, fail
 from specsweep.errors import ConfigError, SpecsweepError
-from specsweep.reports.folders import write_comparison_report
 from specsweep.reports.tables import console, print_comparison, summary_table
 from specsweep.results import ResultsStore
 
@@ -65,6 +64,9 @@ def _compare(store: ResultsStore, a: str, b: str, *, allow_mismatch: bool, margi
     update: dict[str, Any] = {"allow_mismatch": allow_mismatch or decision.allow_mismatch}
     if margin is not None:
         update["margin"] = margin
+    # Plots (matplotlib) load with the commands that draw them, not with every command's start.
+    from specsweep.reports.folders import write_comparison_report
+
     comp = compare_runs(store, a, b, decision=decision.model_copy(update=update))
     print_comparison(comp, console())
     urls = write_comparison_report(comp, store)

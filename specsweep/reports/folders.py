@@ -14,16 +14,7 @@ from specsweep.analysis.compare import Comparison
 from specsweep.analysis.tuning import Tuning
 from specsweep.reports.markdown import comparison_markdown, tuning_markdown
 from specsweep.reports.plots import comparison_plots, tuning_plot
-from specsweep.results import ResultsStore
-
-
-def comparison_folder(comp: Comparison) -> str:
-    """Where a comparison's report lies under the results root."""
-    return f"reports/{comp.baseline_run_id}--{comp.speculative_run_id}"
-
-
-def tuning_folder(tuning: Tuning) -> str:
-    return f"reports/tune-{tuning.baseline_run_id}"
+from specsweep.results import ResultsStore, comparison_folder, tuning_folder
 
 
 def recommendation_json(comp: Comparison) -> dict[str, Any]:
@@ -77,7 +68,7 @@ def _engine_file(store: ResultsStore, folder: str, urls: dict[str, str], setting
 
 def write_comparison_report(comp: Comparison, store: ResultsStore, plots: dict[str, bytes] | None = None) -> dict[str, str]:
     """The comparison's report folder. Returns each file's URL by name."""
-    folder = comparison_folder(comp)
+    folder = comparison_folder(comp.baseline_run_id, comp.speculative_run_id)
     plots = comparison_plots(comp) if plots is None else plots
     urls = {name: store.write_file(f"{folder}/{name}.png", png) for name, png in plots.items()}
     urls["recommendation"] = store.write_file(f"{folder}/recommendation.json", _json(recommendation_json(comp)))
@@ -88,7 +79,7 @@ def write_comparison_report(comp: Comparison, store: ResultsStore, plots: dict[s
 
 def write_tuning_report(tuning: Tuning, store: ResultsStore, plot: bytes | None = None) -> dict[str, str]:
     """The tuning's report folder: report.md, tuning.json, the engine's file, the plot. Each file's URL by name."""
-    folder = tuning_folder(tuning)
+    folder = tuning_folder(tuning.baseline_run_id)
     urls = {"tuning": store.write_file(f"{folder}/tuning.json", _json(tuning_json(tuning)))}
     _engine_file(store, folder, urls, tuning.setting)
     urls["speedup"] = store.write_file(f"{folder}/speedup.png", tuning_plot(tuning) if plot is None else plot)

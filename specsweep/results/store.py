@@ -137,6 +137,16 @@ class ResultsStore:
         return self._read("requests", run_ids)
 
 
+def comparison_folder(baseline_run_id: str | None, speculative_run_id: str | None) -> str:
+    """Where a comparison's report lies under the root."""
+    return f"reports/{baseline_run_id}--{speculative_run_id}"
+
+
+def tuning_folder(baseline_run_id: str) -> str:
+    """Where a grid's report lies under the root."""
+    return f"reports/tune-{baseline_run_id}"
+
+
 def new_run_id(config_name: str) -> str:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     safe = "".join(c if c.isalnum() or c in "-." else "-" for c in config_name)[:40]

@@ -9,9 +9,10 @@ import pandas as pd
 import pytest
 from tokenizers import Tokenizer as HFTokenizer
 
+from specsweep import engines
 from specsweep.analysis.compare import prompts_differ
 from specsweep.bench.config import SweepConfig, WorkloadConfig
-from specsweep.bench.workload import build_prompts, check_source, local_tokenizer, prompts_digest
+from specsweep.bench.workload import Tokenizer, build_prompts, check_source, local_tokenizer, prompts_digest
 from specsweep.errors import ConfigError
 from specsweep.records import Level
 from specsweep.results.store import ResultsStore
@@ -76,3 +77,50 @@ async def test_each_level_stores_how_its_prompts_were_counted_and_their_digest(t
     assert prompts_differ([rows["base"]], [rows["spec"]]) == []
     assert prompts_differ([rows["base"]], [rows["other"]]) == ["C=2 block 0"]
     assert len(prompts_digest(())) == 16
+
+
+async def test_a_server_that_counts_an_unknown_body_as_zero_is_not_believed() -> None:
+    """A /tokenize that reads only {"prompt": ...} and answers any other body with {"count": 0} (as a server
+    that ignores a field it does not know): the first form tried is not taken for the right one; the one
+    that counts sensibly is, and every count is exact."""
+    with running_sim("--sim-profile", "instant", "--fault-tokenize-only", "prompt") as (url, _):
+        async with ServerAPI(url) as api:
+            form = await api.tokenize_form()
+            assert form is not None and engines.tokenize_bodies()[form]("x") == {"prompt": "x"}
+            prompts = await build_prompts(WorkloadConfig(input_len=128), 256, server_tokenizer(api))
+            recount = await api.count_tokens_many([p.text for p in prompts])
+    assert recount == [128] * 256 and all(p.exact and p.input_tokens == 128 for p in prompts)
+
+
+async def test_counts_that_make_no_sense_are_approximate_and_labelled_so(tmp_path: Path) -> None:
+    """A /tokenize that gives every text the same count: no form agrees with itself on a longer text, so no
+    count is stored as exact, and the level row says the lengths are approximate."""
+    store = ResultsStore(str(tmp_path / "results"))
+    with running_sim("--sim-profile", "instant", "--fault-tokenize-constant", "7") as (url, _):
+        async with ServerAPI(url) as api:
+            assert await api.tokenize_form() is None and await api.count_tokens("a few words") is None
+        # (31 tokens: prompts are built once per model and workload in a process, and another test here used 32.)
+        job = SweepJob(run_id="r", config_name="r", store=store, workload=WorkloadConfig(input_len=31, output_len=4),
+                       sweep=SweepConfig(num_requests=8, warmup_requests=0))
+        row = await measure_level(BenchTarget(base_url=url), job, Level(index=0, mode="concurrency", value=2))
+    assert row.prompt_tokens_by == "approximate"  # (the server's own usage counts, where it sends them, are its own)
+
+
+@pytest.mark.parametrize("step", [1, 2, 3])
+async def test_the_length_search_stops_when_counts_stop_moving(step: int) -> None:
+    """A tokenizer whose counts move in steps of ``step`` tokens (a target between two steps cannot be hit):
+    each prompt keeps the closest length, and the search ends in a handful of rounds, not the cap of 32."""
+    rounds: list[int] = []
+
+    async def count(texts: list[str]) -> list[int]:
+        rounds.append(len(texts))
+        return [step * len(t.split()) for t in texts]
+
+    targets = WorkloadConfig(input_len=100, input_len_range=0.2, seed=5)
+    prompts = await build_prompts(targets, 300, Tokenizer("server", count))
+    import random
+
+    rng = random.Random(5)
+    want = [max(1, round(100 + rng.uniform(-20, 20))) for _ in range(300)]
+    assert all(p.exact and abs(p.input_tokens - w) <= step // 2 for p, w in zip(prompts, want, strict=True))  # type: ignore[operator]
+    assert len(rounds) <= 10 and rounds[0] == 300 and rounds == sorted(rounds, reverse=True)

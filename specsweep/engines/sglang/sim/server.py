@@ -325,8 +325,12 @@ class SimServer:
 
     async def tokenize(self, request: web.Request) -> web.Response:
         body = await request.json()
-        text = body.get("prompt") or body.get("text") or body.get("content") or ""
-        n = count_tokens(text)
+        only = self.args.fault_tokenize_only
+        if only is not None and not isinstance(body.get(only), str):
+            # A server that ignores a body field it does not know and counts the empty prompt it is left with.
+            return web.json_response({"tokens": [], "count": 0, "max_model_len": 262144})
+        text = body.get(only) if only else (body.get("prompt") or body.get("text") or body.get("content") or "")
+        n = self.args.fault_tokenize_constant if self.args.fault_tokenize_constant is not None else count_tokens(text)
         return web.json_response({"tokens": list(range(n)), "count": n, "max_model_len": 262144})
 
     async def token_times(self, request: web.Request) -> web.Response:
@@ -567,6 +571,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     ap.add_argument("--fault-trickle-s", type=float, default=0.0, metavar="S",
                     help="send streams one byte at a time, S seconds apart: every read gets data quickly, "
                          "the whole answer takes far longer than any request timeout")
+    ap.add_argument("--fault-tokenize-only", default=None, metavar="FIELD",
+                    help="/tokenize reads only this body field (prompt, text or content) and answers any other body "
+                         "with a count of 0, as a server that ignores a field it does not know")
+    ap.add_argument("--fault-tokenize-constant", type=int, default=None, metavar="N",
+                    help="/tokenize answers N tokens for any text")
     ap.add_argument("--fault-once-file", default=None, metavar="PATH",
                     help="apply the faults only while PATH does not exist; create it when one fires "
                          "(the next start runs clean: rehearse a retry)")
