@@ -25,7 +25,7 @@ from specsweep.engines.llamacpp import LlamaCppSettings
 from specsweep.engines.sglang import SGLangSettings
 from specsweep.engines.vllm import VLLMSettings
 from specsweep.hosts import HostConfig
-from specsweep.parameters import LOCAL_BENCHMARK, LOCAL_DECISION, SGLANG_BENCHMARK, BenchmarkSettings
+from specsweep.parameters import GPU_BENCHMARK, LOCAL_BENCHMARK, LOCAL_DECISION, BenchmarkSettings
 from specsweep.profiles import ProfileParams, ServerProfile
 from tasks.arms import ServerArm
 from tasks.cleanup import benchmark_flow
@@ -79,7 +79,7 @@ def _sglang_servers(params: dict[str, Any]) -> list[ServerProfile]:
 
 @benchmark_flow("compare-sglang-eagle3", servers=_sglang_servers)
 async def compare_sglang_eagle3(sglang: SGLangSettings = SGLangSettings(), host: HostConfig = HostConfig(),
-                                benchmark: BenchmarkSettings = SGLANG_BENCHMARK,
+                                benchmark: BenchmarkSettings = GPU_BENCHMARK,
                                 decision: DecisionConfig = DecisionConfig()) -> ComparisonResult:
     """SGLang baseline vs EAGLE-3 from a few fields (model paths, TP, port); simulate=true rehearses it."""
     return await compare_speculation.fn(sglang.profile("baseline"), sglang.profile("speculative"), host, benchmark,

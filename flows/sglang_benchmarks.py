@@ -7,7 +7,7 @@ from typing import Literal
 from flows.benchmark_config import benchmark_config
 from specsweep.engines.sglang import SGLangSettings
 from specsweep.hosts import HostConfig
-from specsweep.parameters import SGLANG_BENCHMARK, BenchmarkSettings
+from specsweep.parameters import GPU_BENCHMARK, BenchmarkSettings
 from tasks.cleanup import ServersOf, benchmark_flow
 from tasks.run import ConfigurationResult
 
@@ -18,13 +18,13 @@ def sglang_servers(kind: Literal["baseline", "speculative"]) -> ServersOf:
 
 @benchmark_flow("baseline-benchmark", servers=sglang_servers("baseline"))
 async def baseline_benchmark(sglang: SGLangSettings = SGLangSettings(), host: HostConfig = HostConfig(),
-                             benchmark: BenchmarkSettings = SGLANG_BENCHMARK) -> ConfigurationResult:
+                             benchmark: BenchmarkSettings = GPU_BENCHMARK) -> ConfigurationResult:
     """SGLang without speculation, measured at every concurrency level."""
     return await benchmark_config.fn(sglang.profile("baseline"), host, benchmark)
 
 
 @benchmark_flow("eagle3-benchmark", servers=sglang_servers("speculative"))
 async def eagle3_benchmark(sglang: SGLangSettings = SGLangSettings(), host: HostConfig = HostConfig(),
-                           benchmark: BenchmarkSettings = SGLANG_BENCHMARK) -> ConfigurationResult:
+                           benchmark: BenchmarkSettings = GPU_BENCHMARK) -> ConfigurationResult:
     """SGLang with EAGLE-3 speculative decoding, measured at every concurrency level."""
     return await benchmark_config.fn(sglang.profile("speculative"), host, benchmark)

@@ -87,5 +87,5 @@ LOCAL_BENCHMARK = BenchmarkSettings(
 )
 #: Both small servers fit side by side: blocks alternate between them without restarts.
 LOCAL_DECISION = DecisionConfig(design="alternate", alternate_by="side-by-side")
-#: The sweep an SGLang GPU host gets by default: up to 64 in flight.
-SGLANG_BENCHMARK = BenchmarkSettings(sweep=SweepConfig(concurrency=[1, 2, 4, 8, 16, 32, 64]))
+#: The sweep a GPU host gets by default: up to 64 in flight.
+GPU_BENCHMARK = BenchmarkSettings(sweep=SweepConfig(concurrency=[1, 2, 4, 8, 16, 32, 64]))
