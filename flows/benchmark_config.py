@@ -9,7 +9,7 @@ from specsweep.hosts import HostConfig
 from specsweep.parameters import BenchmarkSettings
 from specsweep.profiles import ProfileParams, ServerProfile
 from specsweep.sweep import repeats, run_levels
-from tasks.arms import record_environment
+from tasks.arms import ServerArm, record_environment
 from tasks.benchmark import run_concurrency_benchmark, warm_up
 from tasks.cleanup import benchmark_flow
 from tasks.host import hold_host
@@ -26,6 +26,7 @@ async def benchmark_config(profile: ProfileParams, host: HostConfig = HostConfig
     server = run.servers[0]
     async with hold_host(run.host, host.block) as h:  # one benchmark per host at a time
         config = await run.configuration(server, h.label)
+        arm = ServerArm(run, h, config)
         if (rows := config.finished()) is None:  # else: an earlier try of this flow run measured it all
             with config.recorder:  # the run's row: running, then completed / failed / cancelled
                 await kill_server(h, server, run.stages)  # leftovers of earlier runs
@@ -36,7 +37,7 @@ async def benchmark_config(profile: ProfileParams, host: HostConfig = HostConfig
                     rows = await run_levels(
                         run.points, lambda level: run_concurrency_benchmark(started, config.job, level),
                         more=repeats(run.settings.sweep.repeats), stop_at_saturation=run.settings.sweep.stop_at_saturation,
-                        check_server=started.check, on_level=config.progress)
+                        check_server=started.check, on_level=config.progress, set_aside=arm.set_aside)
                 # start_server's block ends: kill_server takes this start's server, however the block ended
     await publish_configuration(config.job, h.label, rows)
     return ConfigurationResult.of(config, rows)

@@ -19,15 +19,20 @@ import typer
 from pydantic import ValidationError
 
 from specsweep import engines
+from specsweep.analysis.decision import DecisionConfig
+from specsweep.analysis.slo import SLO
 from specsweep.cli import app
 from specsweep.cli.options import (
     Budget,
+    Design,
     HostFile,
     Levels,
     Margin,
     NumPrompts,
     OutputLen,
     Results,
+    SloTpot,
+    SloTtft,
     fail,
     host_config,
     number,
@@ -55,15 +60,39 @@ def _benchmark(levels: str, num_prompts: int, output_len: int, results: str) -> 
     })
 
 
+def _print_comparison(result: Any, t0: float) -> None:
+    comp = result.comparison
+    print_comparison(comp)
+    typer.echo(f"\nruns: {result.baseline.run_id} (baseline), {result.speculative.run_id} (speculative)")
+    if comp.verification is not None:
+        typer.echo("verify stage runs: " + ", ".join(f"{rid} ({arm})" for arm, rid in comp.verification.runs.items()))
+    typer.echo(f"Parquet data: {result.results}/runs, /levels, /requests (partitioned by run_id)")
+    typer.echo(f"report and plots: {result.results}/{comparison_folder(comp.baseline_run_id, comp.speculative_run_id)}/")
+    typer.echo(f"total time: {time.monotonic() - t0:.0f} s")
+
+
+def _decision(design: str, margin: float, budget: int, ttft: float | None, tpot: float | None,
+              **more: Any) -> DecisionConfig:
+    if design not in ("alternate", "sequential"):
+        raise ConfigError(f"--design must be alternate or sequential (got {design!r})")
+    for name, value in (("--slo-ttft-p99-ms", ttft), ("--slo-tpot-p99-ms", tpot)):
+        if value is not None and value <= 0:
+            raise ConfigError(f"{name} must be a positive number of milliseconds (got {value:g})")
+    slo = SLO(ttft_p99_ms=ttft, tpot_p99_ms=tpot) if ttft or tpot else None
+    return LOCAL_DECISION.model_copy(update={"design": design, "margin": margin, "max_requests_per_level": budget,
+                                             "slo": slo, **more})
+
+
 @app.command("compare-local")
 def compare_local(
     levels: Levels = ",".join(map(str, _SWEEP.concurrency)),
     num_prompts: NumPrompts = _SWEEP.num_requests,
     output_len: OutputLen = _WORKLOAD.output_len,
-    design: Annotated[str, typer.Option(help="alternate: baseline and speculative blocks in turn; sequential: one "
-                                        "configuration, then the other.")] = LOCAL_DECISION.design,
+    design: Design = LOCAL_DECISION.design,
     margin: Margin = LOCAL_DECISION.margin,
     max_requests_per_level: Budget = LOCAL_DECISION.max_requests_per_level,
+    slo_ttft: SloTtft = None,
+    slo_tpot: SloTpot = None,
     results: Results = LOCAL_BENCHMARK.results,
 ) -> None:
     """The main job: llama.cpp baseline vs draft speculation on this machine's CPU (compare-local-llamacpp),
@@ -73,20 +102,62 @@ def compare_local(
     setup_logging()
     t0 = time.monotonic()
     try:
-        if design not in ("alternate", "sequential"):
-            raise ConfigError(f"--design must be alternate or sequential (got {design!r})")
-        decision = LOCAL_DECISION.model_copy(update={"design": design, "margin": margin,
-                                                     "max_requests_per_level": max_requests_per_level})
+        decision = _decision(design, margin, max_requests_per_level, slo_ttft, slo_tpot)
         result = asyncio.run(compare_local_llamacpp(benchmark=_benchmark(levels, num_prompts, output_len, results),
                                                     decision=decision))
     except SpecsweepError as exc:
         fail(exc)
-    print_comparison(result.comparison)
-    comp = result.comparison
-    typer.echo(f"\nruns: {result.baseline.run_id} (baseline), {result.speculative.run_id} (speculative)")
-    typer.echo(f"Parquet data: {result.results}/runs, /levels, /requests (partitioned by run_id)")
-    typer.echo(f"report and plots: {result.results}/{comparison_folder(comp.baseline_run_id, comp.speculative_run_id)}/")
-    typer.echo(f"total time: {time.monotonic() - t0:.0f} s")
+    _print_comparison(result, t0)
+
+
+@app.command("compare-speculation")
+def compare_speculation(
+    engine: Annotated[str, typer.Option(help=f"One of {', '.join(engines.ENGINES)}.")] = "llamacpp",
+    settings: Annotated[Optional[Path], typer.Option(
+        help="The engine's settings (JSON, as the flow's parameter; {\"simulate\": true} rehearses SGLang on "
+        "its simulator); default the local llama.cpp's.")] = None,
+    host_file: HostFile = None,
+    levels: Levels = ",".join(map(str, _SWEEP.concurrency)),
+    num_prompts: NumPrompts = _SWEEP.num_requests,
+    output_len: OutputLen = _WORKLOAD.output_len,
+    design: Design = LOCAL_DECISION.design,
+    alternate_by: Annotated[str, typer.Option(help="side-by-side: the servers up at once; restart: one at a time, "
+                                              "restarted per block (when they do not fit together).")]
+    = LOCAL_DECISION.alternate_by,
+    margin: Margin = LOCAL_DECISION.margin,
+    max_requests_per_level: Budget = LOCAL_DECISION.max_requests_per_level,
+    verify: Annotated[bool, typer.Option(help="Then run the recommended per-batch setting against always on and "
+                                         "always off (vLLM, SGLang).")] = False,
+    slo_ttft: SloTtft = None,
+    slo_tpot: SloTpot = None,
+    results: Results = LOCAL_BENCHMARK.results,
+) -> None:
+    """Baseline vs speculation on any engine (compare-sglang-eagle3, compare-vllm, compare-local-llamacpp), with
+    the optional verify stage."""
+    from flows import compare_speculation as flows_  # Prefect loads with the command
+
+    setup_logging()
+    t0 = time.monotonic()
+    try:
+        if alternate_by not in ("side-by-side", "restart"):
+            raise ConfigError(f"--alternate-by must be side-by-side or restart (got {alternate_by!r})")
+        chosen = _settings(engine, settings)
+        decision = _decision(design, margin, max_requests_per_level, slo_ttft, slo_tpot, alternate_by=alternate_by,
+                             verify=verify)
+        if verify:
+            engines.check_verifiable(engine, "--verify")
+        benchmark = _benchmark(levels, num_prompts, output_len, results)
+        if isinstance(chosen, LlamaCppSettings):
+            run = flows_.compare_local_llamacpp(llamacpp=chosen, benchmark=benchmark, decision=decision)
+        elif isinstance(chosen, SGLangSettings):
+            run = flows_.compare_sglang_eagle3(sglang=chosen, host=host_config(host_file), benchmark=benchmark,
+                                               decision=decision)
+        else:
+            run = flows_.compare_vllm(vllm=chosen, host=host_config(host_file), benchmark=benchmark, decision=decision)
+        result = asyncio.run(run)
+    except SpecsweepError as exc:
+        fail(exc)
+    _print_comparison(result, t0)
 
 
 def _grid(items: list[str]) -> dict[str, list[int | float]] | None:

@@ -7,8 +7,9 @@ speculation stops paying.
     compare-local-llamacpp   llama.cpp on this machine's CPU (the main job)
 
 Each level is measured in blocks until its verdict is decided (or its budget spent), in the design
-the decision settings name (``specsweep.designs``). Retrying a failed flow run keeps whatever
-finished (a finished baseline, finished levels).
+the decision settings name (``specsweep.designs``); with ``decision.verify`` the engine then runs the
+recommended setting against both fixed policies (``tasks.verify``). Retrying a failed flow run keeps
+whatever finished (a finished baseline, finished levels).
 """
 
 # No "from __future__ import annotations" here: Prefect builds the parameter schema and
@@ -18,7 +19,7 @@ from typing import Any
 from prefect import get_run_logger
 from pydantic import BaseModel
 
-from specsweep import designs
+from specsweep import designs, engines
 from specsweep.analysis.compare import Comparison
 from specsweep.analysis.decision import DecisionConfig
 from specsweep.engines.llamacpp import LlamaCppSettings
@@ -32,6 +33,7 @@ from tasks.cleanup import benchmark_flow
 from tasks.host import hold_host
 from tasks.results import compare_configurations, publish_configuration
 from tasks.run import ConfigurationResult, prepare_run
+from tasks.verify import verify_recommendation
 
 
 class ComparisonResult(BaseModel):
@@ -56,6 +58,8 @@ async def compare_speculation(baseline: ProfileParams, speculative: ProfileParam
                        "decided (decision.min_blocks, decision.max_requests_per_level, decision.max_seconds_per_level)")
     if decision.design == "alternate" and decision.alternate_by == "side-by-side" and speculative.port == baseline.port:
         speculative = speculative.model_copy(update={"port": baseline.port + 1})  # both servers up at once
+    if decision.verify:
+        engines.check_verifiable(speculative.engine)
     run = await prepare_run([baseline, speculative], host, benchmark, decision)
     sweep = benchmark.sweep
     async with hold_host(run.host, host.block) as h:  # one benchmark per host at a time
@@ -64,9 +68,11 @@ async def compare_speculation(baseline: ProfileParams, speculative: ProfileParam
         base_rows, spec_rows = await designs.compare(ServerArm(run, h, base), ServerArm(run, h, spec), run.points,
                                                      decision, sweep.num_requests,
                                                      stop_at_saturation=sweep.stop_at_saturation)
+        comparison = await compare_configurations(base.job.run_id, spec.job.run_id, run.store, decision)
+        if decision.verify and await verify_recommendation(run, h, base, spec, comparison, decision):
+            comparison = await compare_configurations(base.job.run_id, spec.job.run_id, run.store, decision)
     await publish_configuration(base.job, h.label, base_rows)
     await publish_configuration(spec.job, h.label, spec_rows)
-    comparison = await compare_configurations(base.job.run_id, spec.job.run_id, run.store, decision)
     return ComparisonResult(baseline=ConfigurationResult.of(base, base_rows),
                             speculative=ConfigurationResult.of(spec, spec_rows),
                             comparison=comparison, results=str(run.store))

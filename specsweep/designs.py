@@ -7,6 +7,8 @@
                                         with ``design: sequential``, and every grid)
     alternate(base, spec, points, ...)  baseline and speculative blocks in turn at each level (ABBA), both
                                         servers up side by side, or one at a time restarted per block
+    in_turn(arms, points, more, ...)    the same for any number of arms (the verify stage: always off,
+                                        always on and the recommended setting)
 
 An ``Arm`` is what a design needs of a configuration: whether an earlier try of the run already
 finished it, its run row's recording, and its server's pipeline (``serve``: kill leftovers →
@@ -17,12 +19,12 @@ flows build arms from their Prefect tasks; the designs know nothing of Prefect.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, AbstractContextManager, AsyncExitStack
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, AsyncExitStack, ExitStack
 from typing import Protocol
 
 from specsweep.analysis.decision import DecisionConfig, baseline_needs_more, pair_needs_more, speculative_needs_more
 from specsweep.records import Level, LevelRow
-from specsweep.sweep import More, Point, run_levels, run_paired_levels
+from specsweep.sweep import More, Point, run_in_turn, run_levels
 
 
 class Serving(Protocol):
@@ -53,6 +55,9 @@ class Arm(Protocol):
     def on_saturation(self) -> None:
         """The sweep stops: throughput stopped rising while latency grew."""
 
+    async def set_aside(self, row: LevelRow) -> None:
+        """Keep a block set aside as disturbed, with its reason, where its run's rows are kept."""
+
 
 async def one(arm: Arm, points: Sequence[Point], more: More, *, stop_at_saturation: bool = False) -> list[LevelRow]:
     """One configuration over ``points``, each level in blocks until ``more`` says enough."""
@@ -62,13 +67,15 @@ async def one(arm: Arm, points: Sequence[Point], more: More, *, stop_at_saturati
         async with arm.serve() as server:
             return await run_levels(list(points), server.measure, more=more, stop_at_saturation=stop_at_saturation,
                                     check_server=server.check, on_level=arm.on_block,
-                                    on_saturation=arm.on_saturation)
+                                    on_saturation=arm.on_saturation, set_aside=arm.set_aside)
 
 
 def by_level(rows: Sequence[LevelRow]) -> dict[int, list[LevelRow]]:
+    """The blocks that count (not set aside as disturbed), by level."""
     out: dict[int, list[LevelRow]] = {}
     for r in rows:
-        out.setdefault(r.level_index, []).append(r)
+        if r.disturbed is None:
+            out.setdefault(r.level_index, []).append(r)
     return out
 
 
@@ -87,30 +94,42 @@ async def sequential(arms: Sequence[Arm], points: Sequence[Point], decision: Dec
     return [base_rows, *[await one(arm, reached, against_base) for arm in arms[1:]]]
 
 
+async def in_turn(arms: Sequence[Arm], points: Sequence[Point], more: Callable[[list[list[LevelRow]]], bool], *,
+                  restart: bool, stop_at_saturation: bool = False) -> list[list[LevelRow]]:
+    """A block of each arm in turn at each level (``sweep.rotation``), round after round until ``more(rows
+    per arm)`` says enough: every server up side by side, or (``restart``) one at a time, started for each
+    block. Arms an earlier try finished whole are not measured again."""
+    done = [arm.finished() for arm in arms]
+    if all(d is not None for d in done):
+        return [d or [] for d in done]
+    with ExitStack() as records:
+        for arm in arms:
+            records.enter_context(arm.recording())
+        async with AsyncExitStack() as stack:
+            checks: list[Callable[[str], Awaitable[None]] | None] = [None] * len(arms)
+            if restart:
+                measures = [_restarted(arm) for arm in arms]
+            else:
+                servers = [await stack.enter_async_context(arm.serve()) for arm in arms]
+                measures, checks = [s.measure for s in servers], [s.check for s in servers]
+            by_name = {arm.name: arm for arm in arms}
+
+            async def on_block(row: LevelRow, done: int, total: int) -> None:
+                await by_name[row.config_name].on_block(row, done, total)
+
+            return await run_in_turn(list(points), measures, more=more, stop_at_saturation=stop_at_saturation,
+                                     checks=checks, on_block=on_block, on_saturation=arms[0].on_saturation,
+                                     set_asides=[arm.set_aside for arm in arms])
+
+
 async def alternate(base: Arm, spec: Arm, points: Sequence[Point], decision: DecisionConfig, num_requests: int, *,
                     restart: bool, stop_at_saturation: bool = False) -> tuple[list[LevelRow], list[LevelRow]]:
     """Baseline and speculative blocks in turn at each level (ABBA), until each level's paired verdict is
     decided: both servers up side by side, or (``restart``) one at a time, started for each block."""
-    done_base, done_spec = base.finished(), spec.finished()
-    if done_base is not None and done_spec is not None:
-        return done_base, done_spec
     more = pair_needs_more(decision, num_requests)
-    with base.recording(), spec.recording():
-        async with AsyncExitStack() as stack:
-            if restart:
-                measure_base, measure_spec = _restarted(base), _restarted(spec)
-                check_base = check_spec = None
-            else:
-                b = await stack.enter_async_context(base.serve())
-                s = await stack.enter_async_context(spec.serve())
-                measure_base, measure_spec, check_base, check_spec = b.measure, s.measure, b.check, s.check
-
-            async def on_block(row: LevelRow, done: int, total: int) -> None:
-                await (base if row.config_name == base.name else spec).on_block(row, done, total)
-
-            return await run_paired_levels(list(points), measure_base, measure_spec, more=more,
-                                           stop_at_saturation=stop_at_saturation, check_base=check_base,
-                                           check_spec=check_spec, on_block=on_block, on_saturation=base.on_saturation)
+    base_rows, spec_rows = await in_turn([base, spec], points, lambda clean: more(clean[0], clean[1]), restart=restart,
+                                         stop_at_saturation=stop_at_saturation)
+    return base_rows, spec_rows
 
 
 def _restarted(arm: Arm) -> Callable[[Level], Awaitable[LevelRow]]:

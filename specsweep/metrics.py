@@ -9,7 +9,15 @@ Definitions shared with the established serving benchmarks:
 - E2E: scheduled send → last byte;
 - duration: first send → last completion; throughputs count completed requests;
 - achieved concurrency: Σ E2E (sent → end) / duration;
-- peak output tokens/s: the most tokens that arrived in one 1-second bucket.
+- peak output tokens/s: the most tokens that arrived in one 1-second bucket;
+- steady output tokens/s: the tokens that arrived while the level's full concurrency was in flight
+  (closed loop: from the C-th send to the first completion not followed by another send), over that
+  window; ramp-up and drain excluded, as the established tools measure saturation. Its share of the
+  block's duration is stored beside it. A comparison decides on it.
+A block is set aside as disturbed (kept, measured again) when the machine, not the server under test,
+shaped it: requests failed, the client's event loop stalled, or no token arrived for far longer than the
+level's own pace explains (``disturbance``); or, judged against its level's other blocks, its throughput
+lies far outside theirs (``outlier``).
 Percentiles interpolate linearly (numpy's default), as the engines' own benchmarks do.
 """
 
@@ -125,7 +133,78 @@ def spec_from_counters(before: dict[str, float], after: dict[str, float]) -> tup
              "spec_accept_length": 1 + accepted / drafts if drafts > 0 else None}, "/metrics difference")
 
 
-def level_metrics(records: Sequence[RequestRecord]) -> dict[str, Any]:
+def steady_window(records: Sequence[RequestRecord], concurrency: int | None) -> tuple[float, float] | None:
+    """(start, end) of the span in which ``concurrency`` requests were in flight: closed loop, N requests,
+    C at a time, each completion but the last C - 1 followed at once by the next send. None where there
+    is no such span (fewer requests than C, or an open-loop level)."""
+    measured = [r for r in records if not r.warmup and r.sent_s is not None]
+    c, n = concurrency or 0, len(measured)
+    ends = sorted(r.end_s for r in measured if r.end_s is not None)
+    if c < 1 or n < c or len(ends) < n - c + 1:
+        return None
+    start = sorted(r.sent_s for r in measured if r.sent_s is not None)[c - 1]
+    end = ends[n - c]
+    return (start, end) if end > start else None
+
+
+def tokens_between(records: Iterable[RequestRecord], start: float, end: float) -> int:
+    return sum(k for r in records for t, k in zip(r.chunk_times_s, r.chunk_tokens, strict=True) if start < t <= end)
+
+
+#: A level's own pace: no token from any request for longer than this many of its median gaps between
+#: arrivals (and than twice its TTFT p90, and STALL_FLOOR_S) is a stall of the server, not its pace.
+STALL_FACTOR = 10.0
+STALL_FLOOR_S = 0.25
+#: The client's event loop held up this long at once: the machine, not the server, shaped the block.
+LAG_DISTURBED_MS = 200.0
+
+
+def longest_gap(records: Sequence[RequestRecord]) -> tuple[float, float]:
+    """(longest gap, median gap) in seconds between arrivals of tokens from any request of the level."""
+    times = sorted(t for r in records for t in r.chunk_times_s)
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    if not gaps:
+        return 0.0, 0.0
+    return max(gaps), float(np.median(gaps))
+
+
+def disturbance(run: LevelRun, figures: dict[str, Any]) -> str | None:
+    """Why the machine, not the server under test, shaped this block; None when nothing did."""
+    if figures["failed"]:
+        return f"{figures['failed']} request(s) failed ({figures['errors']})"
+    if (run.loop_lag_max_ms or 0.0) >= LAG_DISTURBED_MS:
+        return f"the client's event loop stalled for {run.loop_lag_max_ms:.0f} ms"
+    measured = [r for r in run.records if not r.warmup]
+    gap, median = longest_gap(measured)
+    ttft_p90 = (figures.get("ttft_ms_p90") or 0.0) / 1000
+    limit = max(STALL_FLOOR_S, STALL_FACTOR * median, 2 * ttft_p90)
+    if gap > limit:
+        return f"no token arrived for {gap:.2f} s (the level's pace: a token every {median * 1000:.1f} ms)"
+    return None
+
+
+#: Against its level's other blocks (at least OUTLIER_MIN_OTHERS of them): a throughput further from their
+#: median than OUTLIER_MADS robust standard deviations, and than OUTLIER_FLOOR (as a factor).
+OUTLIER_MIN_OTHERS = 3
+OUTLIER_MADS = 5.0
+OUTLIER_FLOOR = 1.5
+
+
+def outlier(value: float, others: Sequence[float]) -> str | None:
+    """Why a block's throughput lies far outside its level's other blocks; None when it does not."""
+    if len(others) < OUTLIER_MIN_OTHERS or value <= 0 or any(x <= 0 for x in others):
+        return None
+    logs = np.log(np.asarray(others, dtype=float))
+    median = float(np.median(logs))
+    spread = 1.4826 * float(np.median(np.abs(logs - median)))
+    distance = abs(math.log(value) - median)
+    if distance > max(OUTLIER_MADS * spread, math.log(OUTLIER_FLOOR)):
+        return (f"its throughput ({value:,.1f} tok/s) lies {math.exp(distance):.2f}x from its level's other "
+                f"blocks' ({math.exp(median):,.1f})")
+    return None
+
+
+def level_metrics(records: Sequence[RequestRecord], concurrency: int | None = None) -> dict[str, Any]:
     """Every per-level figure, with units in the names."""
     measured = [r for r in records if not r.warmup]
     ok = [r for r in measured if r.ok]
@@ -168,12 +247,17 @@ def level_metrics(records: Sequence[RequestRecord]) -> dict[str, Any]:
         for stat, value in summary(values).items():
             m[f"{name}_{stat}"] = value
     m.update(spec_from_records(measured))
+    window = steady_window(measured, concurrency)
+    if window is not None and duration > 0:
+        w0, w1 = window
+        m["steady_output_tokens_per_s"] = tokens_between(measured, w0, w1) / (w1 - w0)
+        m["steady_share"] = (w1 - w0) / duration
     return m
 
 
 def level_row(run: LevelRun, *, config_name: str) -> LevelRow:
     """Every figure of one level, from its raw records and counters."""
-    m = level_metrics(run.records)
+    m = level_metrics(run.records, run.level.concurrency)
     spec_source = "per-request" if (m["spec_acceptance_rate"] is not None or m["spec_accept_length"] is not None) else None
     counted, source = spec_from_counters(run.engine_before, run.engine_after)
     for key, value in counted.items():
@@ -189,6 +273,7 @@ def level_row(run: LevelRun, *, config_name: str) -> LevelRow:
         client_cpu_s=run.client_cpu_s, client_cpu_share=run.client_cpu_share,
         client_loop_lag_p99_ms=run.loop_lag_p99_ms, client_loop_lag_max_ms=run.loop_lag_max_ms,
         client_workers=run.workers, client_connections=run.connections_opened, client_bottleneck=run.client_bottleneck,
+        disturbed=disturbance(run, m),
     )
 
 

@@ -83,7 +83,8 @@ class BenchmarkSettings(BaseModel):
 #: The main job's defaults: tiny models on two CPU cores.
 LOCAL_BENCHMARK = BenchmarkSettings(
     workload=WorkloadConfig(input_len=16, output_len=64),
-    sweep=SweepConfig(concurrency=[1, 2, 4, 8], num_requests=12, warmup_requests=2),
+    # A block at C=8 holds 24 requests (3 per slot): ramp-up and drain stay a small part of it.
+    sweep=SweepConfig(concurrency=[1, 2, 4, 8], num_requests=12, warmup_requests=2, requests_per_slot=3),
 )
 #: Both small servers fit side by side: blocks alternate between them without restarts.
 LOCAL_DECISION = DecisionConfig(design="alternate", alternate_by="side-by-side")

@@ -117,6 +117,10 @@ class LevelRun:
 
     @property
     def client_bottleneck(self) -> bool:
+        """The client set the pace: it used most of a core, or its loop lagged. Only said of a level that
+        served something (a level whose requests all failed at once used the client's CPU and nothing else)."""
+        if not any(r.ok and not r.warmup for r in self.records):
+            return False
         return self.client_cpu_share >= self.CPU_BOTTLENECK or (self.loop_lag_p99_ms or 0.0) >= self.LAG_BOTTLENECK_MS
 
 
@@ -192,6 +196,12 @@ class LevelRow(Row):
     total_tokens_per_s: float = 0.0
     achieved_concurrency: float = 0.0
     peak_output_tokens_per_s: float = 0.0
+    steady_output_tokens_per_s: float | None = Field(
+        None, description="Output tok/s while the level's full concurrency was in flight (ramp-up and drain "
+        "excluded); None where there was no such span.")
+    steady_share: float | None = Field(None, description="That span's share of the block's duration.")
+    disturbed: str | None = Field(None, description="Why this block was set aside (and measured again): the machine, "
+                                  "not the server under test, shaped it. None: it counts.")
     input_tokens_exact: bool = False
     output_tokens_source: str = "none"
     ttft_ms_mean: float | None = None
@@ -246,6 +256,14 @@ class LevelRow(Row):
     client_bottleneck: bool = False
 
     @property
+    def throughput(self) -> float:
+        """Output tok/s as a comparison counts it: while the full concurrency was in flight where the block
+        had such a span, else over the whole block."""
+        if self.steady_output_tokens_per_s is not None and self.steady_output_tokens_per_s > 0:
+            return self.steady_output_tokens_per_s
+        return self.output_tokens_per_s
+
+    @property
     def level(self) -> Level:
         value = float(self.concurrency) if self.mode == "concurrency" and self.concurrency else self.request_rate_per_s
         return Level(index=self.level_index, mode=self.mode, value=value or 1.0, repeat=self.repeat)
@@ -279,6 +297,9 @@ class RunRow(Row):
     design: str | None = Field(None, description="How a comparison took its blocks: sequential, alternate-restart or "
                                "alternate-side-by-side; None outside comparisons.")
     decision_json: str | None = Field(None, description="The comparison's decision settings (margin, budget).")
+    verifies: str | None = Field(None, description="The verify stage: the comparison whose recommendation this run "
+                                 "measured ('<baseline run id>--<speculative run id>').")
+    verify_arm: str | None = Field(None, description="The verify stage: off, on or schedule (the recommendation).")
     started_at: str | None = None
     ended_at: str | None = None
     time_to_ready_s: float | None = None

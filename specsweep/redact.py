@@ -14,7 +14,8 @@ from typing import Any
 
 MASK = "***"
 
-_SECRET_WORDS = r"(api[-_]?key|token|secret|password|passwd|passphrase|credential|auth)"
+# "token" but not "tokens": --hf-token and HF_TOKEN hide their value, --speculative-num-draft-tokens (a count) not.
+_SECRET_WORDS = r"(api[-_]?key|token(?!s)|secret|password|passwd|passphrase|credential|auth)"
 _SECRET_FLAG = re.compile(rf"^--?[A-Za-z0-9-_]*{_SECRET_WORDS}[A-Za-z0-9-_]*$", re.IGNORECASE)
 _SECRET_ENV = re.compile(rf"^[A-Za-z0-9_]*{_SECRET_WORDS}[A-Za-z0-9_]*$|^[A-Za-z0-9_]*_KEY$", re.IGNORECASE)
 # Values this short would turn ordinary words into "***"; no real secret is this short.

@@ -4,7 +4,7 @@
     run_levels(points, measure, more) → each level measured in blocks by ``measure`` until
                                         ``more`` says enough; the server checked after
                                         failures; the sweep stopped at saturation
-    run_paired_levels(...)            → the same for two configurations, blocks in turn
+    run_in_turn(...)                  → the same for several configurations, blocks in turn
     measure_level(target, job, level) → one level: prompts → load → records → figures → store
     stored_level(job, level)          → a level this run already stored (a retried flow run
                                         measures only what did not finish)
@@ -20,7 +20,7 @@ import contextlib
 import json
 import statistics
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -137,7 +137,7 @@ async def measure_level(
     """Run one level, write it to the store (atomically) and return its row. With ``on_host`` the level's
     load runs on the server's host (its prompts prepared here, as always) and ``on_request`` is not called.
     With ``gpus`` the server's GPUs are read with nvidia-smi while the level runs."""
-    sweep = job.sweep
+    sweep = job.sweep.for_level(level.mode, level.value)
     count = sweep.num_requests if sweep.duration_s is None else max(sweep.num_requests, 256)
     # Fresh prompts for every level and repeat (seeded, so reruns send the same ones): a server
     # with a prompt cache must not answer later levels from what earlier ones left behind.
@@ -162,6 +162,11 @@ async def measure_level(
         update={"prompts_digest": prompt_set.digest, "prompt_tokens_by": prompt_set.counted_by, **gpu})
     job.store.write_level(job.run_id, level.key, row, metrics.request_rows(run))
     return row
+
+
+async def set_aside(job: SweepJob, row: LevelRow) -> None:
+    """Store a block again, now set aside as disturbed (with its reason)."""
+    job.store.write_level_row(job.run_id, row.level.key, row)
 
 
 def stored_level(job: SweepJob, level: Level) -> LevelRow | None:
@@ -249,8 +254,16 @@ def repeats(n: int) -> More:
     return lambda point, rows: len(rows) < n
 
 
+SetAside = Callable[[LevelRow], Awaitable[None]]
+#: Blocks (or rounds of blocks in turn) of one level set aside as disturbed at most: past it the level keeps
+#: what it has, and says so.
+MAX_SET_ASIDE = 4
+PAIRED_WITH_DISTURBED = "measured in turn with a block that was set aside"
+
+
 class _Sweep:
-    """What both sweeps share: measuring a block with the crash check around it, and the stop at saturation."""
+    """What the sweeps share: measuring a block with the crash check around it, setting aside a block the
+    machine disturbed, and the stop at saturation."""
 
     def __init__(self, stop_at_saturation: bool, on_saturation: Callable[[], None] | None) -> None:
         self.stop_at_saturation, self.on_saturation = stop_at_saturation, on_saturation
@@ -266,6 +279,16 @@ class _Sweep:
             raise
         if row.failed and check_server is not None:
             await check_server(f"during level {level.label}")
+        return row
+
+    @staticmethod
+    async def judged(row: LevelRow, clean: list[LevelRow], set_aside: SetAside | None) -> LevelRow:
+        """The block, marked disturbed when its throughput lies far outside its level's other (clean) blocks; a
+        disturbed block (so marked, or by its own measurement) goes to ``set_aside`` (stored with its reason)."""
+        if row.disturbed is None and (why := metrics.outlier(row.throughput, [r.throughput for r in clean])):
+            row = row.model_copy(update={"disturbed": why})
+        if row.disturbed is not None and set_aside is not None:
+            await set_aside(row)
         return row
 
     def saturated_after(self, rows: list[LevelRow]) -> bool:
@@ -286,66 +309,102 @@ async def run_levels(
     check_server: ServerCheck | None = None,
     on_level: OnLevel | None = None,
     on_saturation: Callable[[], None] | None = None,
+    set_aside: SetAside | None = None,
 ) -> list[LevelRow]:
     """Measure each level in blocks, in order, and return every block's row.
 
-    ``more(point, rows)`` says whether a level needs another block (``repeats(n)`` for a fixed
-    number). ``check_server(when)``
-    runs after a block with failed requests and when ``measure`` raises: it raises if the server
-    is gone (the sweep stops there, with the blocks before it kept).
+    ``more(point, rows)`` says whether a level needs another block (``repeats(n)`` for a fixed number); it
+    sees only the blocks that count: a block the machine disturbed (``LevelRow.disturbed``; an outlier among
+    its level's blocks is marked here and stored again by ``set_aside``) is kept and measured again, at most
+    MAX_SET_ASIDE times per level. ``check_server(when)`` runs after a block with failed requests and when
+    ``measure`` raises: it raises if the server is gone (the sweep stops there, with the blocks before it
+    kept).
     """
     state = _Sweep(stop_at_saturation, on_saturation)
     rows: list[LevelRow] = []
     for n, point in enumerate(sweep, 1):
         level_rows: list[LevelRow] = []
+        clean: list[LevelRow] = []
         while True:
             row = await state.block(measure, point.block(len(level_rows)), check_server)
+            row = await state.judged(row, clean, set_aside)
             level_rows.append(row)
             rows.append(row)
             if on_level is not None:
                 await on_level(row, n, len(sweep))
-            if not more(point, level_rows):
+            if row.disturbed is not None:
+                if len(level_rows) - len(clean) > MAX_SET_ASIDE:
+                    break
+                continue
+            clean.append(row)
+            if not more(point, clean):
                 break
-        if state.saturated_after(level_rows):
+        if state.saturated_after(clean or level_rows):
             break
     return rows
 
 
-async def run_paired_levels(
+def rotation(arms: int, repeat: int) -> list[int]:
+    """Which arm measures first in a round: ABBA for two (so a drift within a pair falls on both alike),
+    a rotation for more (each arm in each place in turn)."""
+    if arms == 2:
+        return [0, 1] if repeat % 2 == 0 else [1, 0]
+    return [(repeat + i) % arms for i in range(arms)]
+
+
+async def run_in_turn(
     sweep: list[Point],
-    measure_base: Measure,
-    measure_spec: Measure,
+    measures: Sequence[Measure],
     *,
-    more: Callable[[list[LevelRow], list[LevelRow]], bool],
+    more: Callable[[list[list[LevelRow]]], bool],
     stop_at_saturation: bool = False,
-    check_base: ServerCheck | None = None,
-    check_spec: ServerCheck | None = None,
+    checks: Sequence[ServerCheck | None] | None = None,
     on_block: OnLevel | None = None,
     on_saturation: Callable[[], None] | None = None,
-) -> tuple[list[LevelRow], list[LevelRow]]:
-    """The alternate design: at each level, baseline and speculative blocks in turn, in ABBA order
-    (B S, S B, B S, ...) so that a drift within a pair falls on both alike, until ``more(base, spec)``
-    says the level is decided. Returns every block's row of each configuration."""
+    set_asides: Sequence[SetAside | None] | None = None,
+) -> list[list[LevelRow]]:
+    """The alternate design: at each level, a block of each configuration in turn (``rotation``), round after
+    round until ``more(rows per configuration)`` says the level is decided. A round with a disturbed block
+    is set aside whole (the others marked as measured beside it) and measured again, at most MAX_SET_ASIDE
+    times per level. The first configuration's blocks decide the stop at saturation. Returns every block's
+    row of each configuration."""
+    k = len(measures)
+    checks = list(checks) if checks is not None else [None] * k
+    set_asides = list(set_asides) if set_asides is not None else [None] * k
     state = _Sweep(stop_at_saturation, on_saturation)
-    base_rows: list[LevelRow] = []
-    spec_rows: list[LevelRow] = []
+    out: list[list[LevelRow]] = [[] for _ in range(k)]
     for n, point in enumerate(sweep, 1):
-        base: list[LevelRow] = []
-        spec: list[LevelRow] = []
+        clean: list[list[LevelRow]] = [[] for _ in range(k)]
+        rounds = aside = 0
         while True:
-            level = point.block(len(base))
-            order = [(measure_base, check_base, base), (measure_spec, check_spec, spec)]
-            for measure, check, into in (order if level.repeat % 2 == 0 else order[::-1]):
-                into.append(await state.block(measure, level, check))
+            level = point.block(rounds)
+            rounds += 1
+            got: dict[int, LevelRow] = {}
+            for arm in rotation(k, level.repeat):
+                row = await state.block(measures[arm], level, checks[arm])
+                got[arm] = await state.judged(row, clean[arm], set_asides[arm])
                 if on_block is not None:
-                    await on_block(into[-1], n, len(sweep))
-            if not more(base, spec):
+                    await on_block(got[arm], n, len(sweep))
+            if any(r.disturbed is not None for r in got.values()):
+                for arm, row in got.items():
+                    if row.disturbed is None:
+                        got[arm] = row.model_copy(update={"disturbed": PAIRED_WITH_DISTURBED})
+                        if (store_it := set_asides[arm]) is not None:
+                            await store_it(got[arm])
+                for arm in range(k):
+                    out[arm].append(got[arm])
+                aside += 1
+                if aside > MAX_SET_ASIDE:
+                    break
+                continue
+            for arm in range(k):
+                out[arm].append(got[arm])
+                clean[arm].append(got[arm])
+            if not more(clean):
                 break
-        base_rows += base
-        spec_rows += spec
-        if state.saturated_after(base):
+        if state.saturated_after(clean[0] or [r for r in out[0] if r.level_index == point.index]):
             break
-    return base_rows, spec_rows
+    return out
 
 
 # -- the run's record ----------------------------------------------------------------------------
@@ -390,11 +449,13 @@ class RunRecorder:
 
 def new_run_row(*, config_name: str, engine: str, job: SweepJob, host: str, base_url: str | None = None,
                 command: str | None = None, flow_run_id: str | None = None, design: str | None = None,
-                decision: BaseModel | None = None) -> RunRow:
+                decision: BaseModel | None = None, verifies: tuple[str, str] | None = None) -> RunRow:
+    """``verifies``: (comparison, arm) for a run of the verify stage."""
     return RunRow(config_name=config_name, engine=engine, command=command, host=host, base_url=base_url,
                   flow_run_id=flow_run_id, workload_json=job.workload.model_dump_json(),
                   sweep_json=job.sweep.model_dump_json(), design=design,
-                  decision_json=decision.model_dump_json() if decision is not None else None, started_at=now_iso())
+                  decision_json=decision.model_dump_json() if decision is not None else None, started_at=now_iso(),
+                  verifies=verifies[0] if verifies else None, verify_arm=verifies[1] if verifies else None)
 
 
 def finished_run(store: ResultsStore, run_id: str) -> list[LevelRow] | None:

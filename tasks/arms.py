@@ -16,7 +16,7 @@ from prefect import get_run_logger
 
 from specsweep.hosts import Host
 from specsweep.records import Level, LevelRow
-from specsweep.sweep import SweepJob
+from specsweep.sweep import SweepJob, set_aside
 from tasks.benchmark import run_concurrency_benchmark, warm_up
 from tasks.results import fingerprint_environment
 from tasks.run import Configuration, Run
@@ -78,6 +78,10 @@ class ServerArm:
 
     async def on_block(self, row: LevelRow, done: int, total: int) -> None:
         await self.config.progress(row, done, total)
+
+    async def set_aside(self, row: LevelRow) -> None:
+        get_run_logger().warning("%s %s: set aside, measured again (%s)", self.name, row.level, row.disturbed)
+        await set_aside(self.config.job, row)
 
     def on_saturation(self) -> None:
         get_run_logger().info("%s: throughput stopped rising for two levels while latency grew: stopping the sweep",

@@ -26,7 +26,7 @@ async def _benchmark(server: Server, job: SweepJob, level: Level) -> LevelRow:
         logger.info("%s %s: measured in an earlier try of this flow run: kept (%.1f output tok/s)", job.config_name,
                     level.label, done.output_tokens_per_s)
         return done
-    sweep, workload = job.sweep, job.workload
+    sweep, workload = job.sweep.for_level(level.mode, level.value), job.workload
     logger.info("%s: level %s (repeat %d) — %d requests, %d-token outputs, %d warm-up%s", job.config_name, level.label,
                 level.repeat, sweep.num_requests, workload.output_len, sweep.warmup_requests,
                 f" — load generated on {server.on_host.host.label}" if server.on_host else "")

@@ -13,6 +13,7 @@ from prefect.client.schemas.objects import FlowRun, State
 from prefect.flows import FlowStateHook
 from prefect.logging.loggers import flow_run_logger
 
+from specsweep.engines.base import AS_RECOMMENDED
 from specsweep.hosts import HostConfig, open_host
 from specsweep.hosts.tunnel import stop_marked_tunnels
 from specsweep.profiles import ServerProfile
@@ -87,7 +88,8 @@ def _kill_recorded(servers: ServersOf, flow_run: FlowRun, state: State, starts: 
         return
     with open_host(host_config) as host:
         for start in starts:
-            profile = profiles.get(start.profile)
+            # The verify stage's server is the speculative profile started with the recommended setting.
+            profile = profiles.get(start.profile) or profiles.get(start.profile.removesuffix(AS_RECOMMENDED))
             if profile is None:
                 log.error("cleanup of %s: start %s names profile %r, not among the run's", flow_run.name,
                           start.token[:8], start.profile)

@@ -88,28 +88,31 @@ class Run:
             return self.request
         return self.request.model_copy(update={"api_key": profile.api_key})
 
-    async def configuration(self, profile: ServerProfile, host_label: str) -> Configuration:
-        """The configuration's job and run row (the same run id on every retry of the flow run)."""
-        job = SweepJob(run_id=run_id_for(profile), config_name=profile.name, store=self.store,
-                       workload=self.settings.workload, sweep=self.settings.sweep)
+    async def configuration(self, profile: ServerProfile, host_label: str, *,
+                            verifies: tuple[str, str] | None = None) -> Configuration:
+        """The configuration's job and run row (the same run id on every retry of the flow run). ``verifies``:
+        (comparison, arm) for the verify stage's runs."""
+        job = SweepJob(run_id=run_id_for(profile, "verify" if verifies else ""), config_name=profile.name,
+                       store=self.store, workload=self.settings.workload, sweep=self.settings.sweep)
         design = None if self.decision is None else (
-            self.decision.design if self.decision.design == "sequential" else f"alternate-{self.decision.alternate_by}")
+            self.decision.design if self.decision.design == "sequential" and not verifies
+            else f"alternate-{self.decision.alternate_by}")
         base_url = (self.host.http_url(profile.port) if self.host.traffic_mode == "direct"
                     else f"tunnel to {profile.host}:{profile.port} on {host_label}")
         if self.host.load_generator == "host":
             base_url += f" (load generated on the host by {self.host.host_python})"
         row = new_run_row(config_name=profile.name, engine=profile.engine, job=job, host=host_label, base_url=base_url,
                           command=profile.masked_command(), flow_run_id=self.marker, design=design,
-                          decision=self.decision)
+                          decision=self.decision, verifies=verifies)
         return Configuration(profile, job, RunRecorder(self.store, job.run_id, row), await progress_bar(profile.name))
 
 
-def run_id_for(profile: ServerProfile) -> str:
+def run_id_for(profile: ServerProfile, stage: str = "") -> str:
     """The same id on every retry of a flow run (so finished levels line up), a new one per flow run."""
     run = flow_run()
     created = run.created or run.expected_start_time
     stamp = created.strftime("%Y%m%dT%H%M%SZ") if created else "run"
-    return f"{stamp}-{profile.name}-{run.id.hex[:8]}"
+    return f"{stamp}-{profile.name}{'-' + stage if stage else ''}-{run.id.hex[:8]}"
 
 
 async def progress_bar(name: str) -> Callable[[LevelRow, int, int], Awaitable[None]]:

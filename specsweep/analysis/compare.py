@@ -19,18 +19,22 @@ from pydantic import BaseModel, Field
 from specsweep import engines
 from specsweep.analysis.decision import DecisionConfig, level_verdict
 from specsweep.analysis.recommend import LevelVerdict, Recommendation, recommend
+from specsweep.analysis.slo import SLOView, requests_by_level, slo_view
 from specsweep.analysis.stats import Verdict, t_quantile
+from specsweep.analysis.verify import ARMS, Verification, verify_levels
 from specsweep.engines import PerBatchSetting, SpeculationSettings
 from specsweep.errors import ConfigError
 from specsweep.records import LevelRow, RunRow
 from specsweep.results import ResultsStore
 
 FINGERPRINT_KEYS = ("gpu", "gpu_count", "driver", "engine_version", "model")
+SLO_COLUMNS = ("mode", "level_value", "repeat", "warmup", "ttft_ms", "tpot_ms", "output_tokens", "error_type")
 
 
 class LevelComparison(BaseModel):
     concurrency: int
-    blocks: tuple[int, int] = Field(description="Blocks measured (baseline, speculative).")
+    blocks: tuple[int, int] = Field(description="Blocks that count (baseline, speculative).")
+    set_aside: tuple[int, int] = Field((0, 0), description="Blocks set aside as disturbed and measured again.")
     requests: tuple[int, int] = Field(description="Measured requests (baseline, speculative).")
     baseline_tokens_per_s: float = Field(description="Geometric mean over the blocks.")
     speculative_tokens_per_s: float
@@ -69,6 +73,9 @@ class Comparison(BaseModel):
     speculation: SpeculationSettings | None = Field(None, description="What the speculative configuration drafts.")
     setting: PerBatchSetting | None = Field(None, description="Decided: the answer in the form the measured "
                                             "engine loads (its file and flags, or a note where it has none).")
+    slo: SLOView | None = Field(None, description="Capacity and goodput within the decision's latency targets.")
+    verification: Verification | None = Field(None, description="The verify stage: the recommended setting run by the "
+                                              "engine against always off and always on.")
     notes: list[str] = Field(default_factory=list)
     baseline_run_id: str | None = None
     speculative_run_id: str | None = None
@@ -98,9 +105,10 @@ def check_fingerprints(base_run: RunRow, spec_run: RunRow, allow_mismatch: bool)
 
 
 def _by_level(rows: Sequence[LevelRow]) -> dict[int, list[LevelRow]]:
+    """The blocks that count (not set aside as disturbed), by concurrency."""
     out: dict[int, list[LevelRow]] = {}
     for r in sorted(rows, key=lambda r: (r.level_index, r.repeat)):
-        if r.mode == "concurrency" and r.concurrency is not None:
+        if r.mode == "concurrency" and r.concurrency is not None and r.disturbed is None:
             out.setdefault(r.concurrency, []).append(r)
     return out
 
@@ -111,7 +119,7 @@ def _median(values: Sequence[float | None]) -> float | None:
 
 
 def _mean_interval(rows: Sequence[LevelRow]) -> tuple[float, tuple[float, float] | None]:
-    logs = [math.log(max(r.output_tokens_per_s, 1e-9)) for r in rows]
+    logs = [math.log(max(r.throughput, 1e-9)) for r in rows]
     mean = statistics.fmean(logs)
     if len(logs) < 2:
         return math.exp(mean), None
@@ -123,6 +131,8 @@ def compare_levels(base_rows: Sequence[LevelRow], spec_rows: Sequence[LevelRow],
                    paired: bool, num_requests: int, baseline_name: str = "baseline",
                    speculative_name: str = "speculative") -> Comparison:
     base, spec = _by_level(base_rows), _by_level(spec_rows)
+    aside = {c: (sum(1 for r in base_rows if r.concurrency == c and r.disturbed is not None),
+                 sum(1 for r in spec_rows if r.concurrency == c and r.disturbed is not None)) for c in base}
     common = sorted(set(base) & set(spec))
     if not common:
         raise ConfigError(
@@ -136,7 +146,8 @@ def compare_levels(base_rows: Sequence[LevelRow], spec_rows: Sequence[LevelRow],
         b_mean, b_int = _mean_interval(b)
         s_mean, s_int = _mean_interval(s)
         levels.append(LevelComparison(
-            concurrency=c, blocks=(len(b), len(s)), requests=(sum(r.requests for r in b), sum(r.requests for r in s)),
+            concurrency=c, blocks=(len(b), len(s)), set_aside=aside.get(c, (0, 0)),
+            requests=(sum(r.requests for r in b), sum(r.requests for r in s)),
             baseline_tokens_per_s=b_mean, speculative_tokens_per_s=s_mean, baseline_interval=b_int,
             speculative_interval=s_int, ratio=interval.ratio, ratio_low=interval.low, ratio_high=interval.high,
             confidence=interval.confidence, paired=paired, verdict=v,
@@ -154,13 +165,13 @@ def compare_levels(base_rows: Sequence[LevelRow], spec_rows: Sequence[LevelRow],
                       margin=decision.margin)
 
 
-def off_starts(k: int, off_from: int | None) -> list[tuple[int, int]]:
-    """(first batch size, K) for "K below off_from, 0 from it on"."""
-    if off_from is None:
+def off_starts(k: int, off_from_batch: int | None) -> list[tuple[int, int]]:
+    """(first batch size, K) for "K below the batch size off_from_batch, 0 from it on"."""
+    if off_from_batch is None:
         return [(1, k)]
-    if off_from <= 1:
+    if off_from_batch <= 1:
         return [(1, 0)]
-    return [(1, k), (off_from, 0)]
+    return [(1, k), (off_from_batch, 0)]
 
 
 def with_engine_setting(comp: Comparison, speculation: SpeculationSettings | None) -> Comparison:
@@ -169,7 +180,7 @@ def with_engine_setting(comp: Comparison, speculation: SpeculationSettings | Non
     if comp.recommendation.status != "decided" or speculation is None:
         return comp
     k = speculation.num_speculative_tokens
-    comp.setting = engines.per_batch_setting(speculation, off_starts(k, comp.recommendation.speculation_off_from), k)
+    comp.setting = engines.per_batch_setting(speculation, off_starts(k, comp.recommendation.off_from_batch), k)
     return comp
 
 
@@ -193,11 +204,43 @@ def compare_runs(store: ResultsStore, baseline_run_id: str, speculative_run_id: 
                           "two configurations is not cancelled out; the alternate design is more robust.")
     if diffs:
         comp.notes.append("Compared despite different environments: " + "; ".join(diffs))
+    reasons = sorted({r.disturbed for r in (*base_rows, *spec_rows) if r.disturbed is not None})
+    if reasons:
+        counted = ", ".join(f"{lv.concurrency} ({sum(lv.set_aside)})" for lv in comp.levels if sum(lv.set_aside))
+        comp.notes.append(f"Blocks set aside as disturbed and measured again, by level: {counted}. Why: "
+                          + "; ".join(reasons[:6]) + (" ..." if len(reasons) > 6 else "") + ". They are kept in the "
+                          "levels dataset (column disturbed) and do not count.")
     if differ := prompts_differ(base_rows, spec_rows):
         comp.notes.append("The two configurations were not sent the same prompts at " + ", ".join(differ) +
                           " (their prompt digests differ: another workload, seed or tokenizer): the comparison there is "
                           "not paired by prompt.")
-    return with_engine_setting(comp, engines.speculation_of(spec_run.command, spec_run.engine))
+    comp = with_engine_setting(comp, engines.speculation_of(spec_run.command, spec_run.engine))
+    comp.verification = verification_of(store, comp, decision, num_requests)
+    if decision.slo is not None:
+        comp.slo = slo_view(decision.slo, *(requests_by_level(store.request_fields(rid, SLO_COLUMNS), rows)
+                                            for rid, rows in ((baseline_run_id, base_rows),
+                                                              (speculative_run_id, spec_rows))))
+    return comp
+
+
+def verification_of(store: ResultsStore, comp: Comparison, decision: DecisionConfig,
+                    num_requests: int) -> Verification | None:
+    """The verify stage's runs of this comparison in the store (ids ending like the comparison's: the same
+    flow run), judged; None when it was not run."""
+    key = f"{comp.baseline_run_id}--{comp.speculative_run_id}"
+    suffix = (comp.speculative_run_id or "").rsplit("-", 1)[-1]
+    ids: dict[str, str] = {}
+    commands: dict[str, str] = {}
+    for rid in store.run_ids():
+        if rid.endswith(f"-verify-{suffix}") and (row := store.run(rid)).verifies == key and row.verify_arm:
+            ids[row.verify_arm], commands[row.verify_arm] = rid, row.command or ""
+    if set(ids) != set(ARMS):
+        return None
+    rows = {arm: store.level_rows(ids[arm]) for arm in ARMS}
+    v = verify_levels(rows["off"], rows["on"], rows["schedule"], off_from=comp.recommendation.speculation_off_from,
+                      setting=commands["schedule"], decision=decision, num_requests=num_requests)
+    v.runs = ids
+    return v
 
 
 def prompts_differ(base: list[LevelRow], spec: list[LevelRow]) -> list[str]:

@@ -19,6 +19,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from specsweep.analysis.slo import SLO
 from specsweep.analysis.stats import RatioInterval, Verdict, ratio_interval, simultaneous_confidence, t_quantile, verdict
 from specsweep.records import LevelRow
 
@@ -48,6 +49,11 @@ class DecisionConfig(BaseModel):
         "restart", description="alternate design: restart: one server at a time, restarted for each block (GPU hosts; "
         "each start costs its load time); side-by-side: both servers up at once on two ports (when both fit).")
     allow_mismatch: bool = Field(False, description="Compare even if GPU, driver, engine or model differ.")
+    slo: SLO | None = Field(None, description="Latency targets (p99 TTFT and TPOT, ms): the report then gives each "
+                            "configuration's capacity within them and its goodput per level.")
+    verify: bool = Field(
+        False, description="After a decided answer, start the engine with the recommended per-batch setting and "
+        "measure it at the same levels in turn with always-on and always-off (specsweep.analysis.verify).")
 
     def max_blocks(self, num_requests: int) -> int:
         return max(self.min_blocks, self.max_requests_per_level // max(1, num_requests))
@@ -58,8 +64,8 @@ class DecisionConfig(BaseModel):
 
 
 def throughputs(rows: Sequence[LevelRow]) -> list[float]:
-    """Output tokens/s of each block (a block that produced nothing counts as a tiny positive number)."""
-    return [max(r.output_tokens_per_s, 1e-9) for r in rows]
+    """Steady output tokens/s of each block (a block that produced nothing counts as a tiny positive number)."""
+    return [max(r.throughput, 1e-9) for r in rows]
 
 
 def level_verdict(base: Sequence[LevelRow], spec: Sequence[LevelRow], config: DecisionConfig, *, paired: bool,
@@ -69,8 +75,39 @@ def level_verdict(base: Sequence[LevelRow], spec: Sequence[LevelRow], config: De
     return interval, verdict(interval, config.margin)
 
 
-def _budget_spent(rows: Sequence[LevelRow], config: DecisionConfig, num_requests: int, blocks: int) -> bool:
+def budget_spent(rows: Sequence[LevelRow], config: DecisionConfig, num_requests: int, blocks: int) -> bool:
     return blocks >= config.max_blocks(num_requests) or sum(r.duration_s for r in rows) >= config.max_seconds_per_level
+
+
+#: How many times more blocks than the budget allows the noise may ask for before a level stops as hopeless.
+HOPELESS = 2.0
+
+
+def blocks_needed(interval: RatioInterval, margin: float, *, most: int = 1000) -> float:
+    """Blocks the level needs to be decided, from the noise of the blocks so far: with N blocks the interval's
+    half-width is t(N - 1) times a standard error that shrinks as one over the square root of N, and it must
+    come within the distance from the ratio to the nearest edge a verdict needs (1, to show a gain; 1 +
+    margin, to rule one out). Infinity past ``most``."""
+    half = interval.half_width
+    n = min(interval.blocks)
+    if half is None or n < 2:
+        return float("inf")
+    centre, top = math.log(interval.ratio), math.log1p(margin)
+    distance = max(centre, top - centre) if centre < top else centre
+    if distance <= 1e-9:
+        return float("inf")
+    q = (1 + interval.confidence) / 2
+    se_one = half / t_quantile(q, n - 1) * math.sqrt(n)  # the standard error of a single block
+    for blocks in range(n, most + 1):
+        if t_quantile(q, blocks - 1) * se_one / math.sqrt(blocks) < distance:
+            return float(blocks)
+    return float("inf")
+
+
+def _hopeful(interval: RatioInterval, config: DecisionConfig, num_requests: int) -> bool:
+    """The noise so far says the level can be decided within (a little more than) its budget."""
+    return math.isfinite(blocks_needed(interval, config.margin,
+                                       most=int(HOPELESS * config.max_blocks(num_requests))))
 
 
 MoreForPair = Callable[[list[LevelRow], list[LevelRow]], bool]
@@ -84,9 +121,10 @@ def pair_needs_more(config: DecisionConfig, num_requests: int) -> MoreForPair:
         n = min(len(base), len(spec))
         if n < config.min_blocks:
             return True
-        if _budget_spent([*base, *spec], config, num_requests, n):
+        if budget_spent([*base, *spec], config, num_requests, n):
             return False
-        return level_verdict(base, spec, config, paired=True, num_requests=num_requests)[1] == "undetermined"
+        interval, v = level_verdict(base, spec, config, paired=True, num_requests=num_requests)
+        return v == "undetermined" and _hopeful(interval, config, num_requests)
 
     return more
 
@@ -98,7 +136,7 @@ def baseline_needs_more(config: DecisionConfig, num_requests: int) -> More:
         if len(rows) < config.min_blocks:
             return True
         # The speculative blocks get the rest of the level's time budget.
-        if _budget_spent(rows, config.model_copy(update={"max_seconds_per_level": config.max_seconds_per_level / 2}),
+        if budget_spent(rows, config.model_copy(update={"max_seconds_per_level": config.max_seconds_per_level / 2}),
                          num_requests, len(rows)):
             return False
         logs = [math.log(x) for x in throughputs(rows)]
@@ -118,8 +156,9 @@ def speculative_needs_more(config: DecisionConfig, num_requests: int, base: list
             return True
         if not base:  # the baseline never reached this level: nothing to decide against
             return False
-        if _budget_spent([*base, *spec], config, num_requests, len(spec)):
+        if budget_spent([*base, *spec], config, num_requests, len(spec)):
             return False
-        return level_verdict(base, spec, config, paired=False, num_requests=num_requests)[1] == "undetermined"
+        interval, v = level_verdict(base, spec, config, paired=False, num_requests=num_requests)
+        return v == "undetermined" and _hopeful(interval, config, num_requests)
 
     return more

@@ -1,16 +1,16 @@
 """From per-level verdicts to one answer: from which concurrency should speculation be off?
 
-A threshold "off from level t" is supported by the verdicts when every level below it is
-faster or equivalent and every level from it on is slower or equivalent (t may be the first
-level: off everywhere; or past the last: never off). Among the supported thresholds the
-earliest is taken whose projected throughput (speculation on below t, off from t, at the
-measured levels) is not below always on or always off: speculation that ties costs work
-for nothing, and no advice may lose to a fixed choice on its own numbers. Where no level is
-slower (it pays or ties everywhere measured), speculation stays on.
+The rule: speculation is kept only where it is shown to pay. A level pays when its interval lies
+above 1 (``faster``); it does not when the interval lies below 1 + margin (``slower``, ``no gain``,
+or ``equivalent``: within ±margin, where speculation costs work for nothing). A threshold "off from
+level t" is supported when every level below it pays (or ties) and every level from it on does not;
+t may be the first level (off everywhere: "never") or past the last (on everywhere: "always"). The
+earliest supported threshold is the answer: a tie at the boundary is off.
 
-An undetermined level could go either way: the answer is decided only if every way it could
-go (faster or slower, for each undetermined level) leads to the same threshold; otherwise
-it is "undetermined between A and B", naming the levels to measure next.
+An undetermined level (a gain beyond the margin still possible) could go either way: the answer is
+decided only if every way it could go (it pays, or it does not, for each undetermined level) leads
+to the same threshold; otherwise it is "undetermined between A and B", naming the levels to measure
+next. The projected mean throughput of always on, always off and the answer is given beside it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from specsweep.analysis.stats import Verdict
 
 Status = Literal["decided", "undetermined"]
 _ON_OK = {"faster", "equivalent"}
-_OFF_OK = {"slower", "equivalent"}
+_OFF_OK = {"slower", "equivalent", "no gain"}
 _MAX_UNDETERMINED = 12  # 2**12 resolutions at most
 
 
@@ -46,6 +46,10 @@ class Recommendation(BaseModel):
         description="The concurrency from which to turn speculation off; None: keep it on (it pays or ties everywhere "
         "measured), or the answer is undetermined.")
     reason: str
+    off_from_batch: int | None = Field(
+        None, description="Decided, off somewhere: the running batch size from which an engine's per-batch setting "
+        "turns speculation off: just above the last level where it pays (a closed loop of C requests runs batches "
+        "of fewer than C while requests finish and arrive, so the switch must sit below C).")
     between: tuple[int, int | None] | None = Field(
         None, description="Undetermined: the threshold lies from the first to the second level (None: maybe never).")
     measure_next: list[int] = Field(default_factory=list, description="Levels to measure (more) to decide it.")
@@ -65,22 +69,10 @@ def _projection(levels: Sequence[LevelVerdict], t: int) -> float:
                             for i, lv in enumerate(levels))
 
 
-def _choose(levels: Sequence[LevelVerdict], verdicts: Sequence[Verdict], *, project: bool = True) -> int | str:
-    """The threshold index, or "no-threshold" (verdicts not monotonic) / "loses" (no supported threshold
-    projects at least always on and always off). ``project``: check the projection (not for a
-    hypothetical resolution of undetermined levels, whose measured ratios say neither)."""
+def _choose(verdicts: Sequence[Verdict]) -> int | str:
+    """The threshold index (the earliest supported), or "no-threshold" (verdicts not monotonic)."""
     supported = supported_thresholds(verdicts)
-    if not supported:
-        return "no-threshold"
-    if "slower" not in verdicts:
-        return len(levels)  # pays or ties everywhere: keep it on
-    if not project:
-        return supported[0]
-    best_fixed = max(_projection(levels, 0), _projection(levels, len(levels)))
-    for t in supported:
-        if _projection(levels, t) >= best_fixed * (1 - 1e-9):
-            return t
-    return "loses"
+    return supported[0] if supported else "no-threshold"
 
 
 def _names(levels: Sequence[LevelVerdict], verdict: Verdict) -> list[int]:
@@ -109,70 +101,67 @@ def recommend(levels: Sequence[LevelVerdict], margin: float) -> Recommendation:
                               reason=f"{len(open_)} levels are undetermined: measure them with more requests",
                               projected_tokens_per_s=fixed)
     outcomes: set[int | str] = set()
-    for resolution in itertools.product(("faster", "slower"), repeat=len(open_)):
+    for resolution in itertools.product(("faster", "no gain"), repeat=len(open_)):
         trial = list(verdicts)
         for i, v in zip(open_, resolution, strict=True):
             trial[i] = v  # type: ignore[call-overload]
-        outcomes.add(_choose(levels, trial, project=not open_))
-    pct = f"±{margin:.0%}"
-    if open_ and len(outcomes) == 1 and isinstance(t := next(iter(outcomes)), int):
-        # Every way the open levels could go gives this threshold: check it on the measured numbers.
-        outcomes = {t if t == len(levels) or _projection(levels, t) >= max(fixed.values()) * (1 - 1e-9) else "loses"}
+        outcomes.add(_choose(trial))
     if len(outcomes) == 1 and isinstance(t := next(iter(outcomes)), int):
-        return _decided(levels, t, pct, fixed)
+        return _decided(levels, t, f"±{margin:.0%}", fixed)
     if "no-threshold" in outcomes and not open_:
         return _no_threshold(levels, fixed)
-    if outcomes == {"loses"}:
-        ties = [c for c in _names(levels, "equivalent")]
-        return Recommendation(
-            status="undetermined", speculation_off_from=None, measure_next=ties, projected_tokens_per_s=fixed,
-            reason=f"the verdicts allow turning speculation off, but the levels within {pct} ({_list(ties)}) lean "
-                   "towards speculation enough that doing so would project less throughput than a fixed choice: "
-                   "measure them with more requests to narrow them")
     return _undetermined(levels, outcomes, open_, fixed)
+
+
+def _describe(levels: Sequence[LevelVerdict], which: Sequence[LevelVerdict], pct: str) -> str:
+    """The verdicts of some levels in words: faster at 1 (×1.20); no gain at 8 (×1.01); within ±3% at 16."""
+    words = {"faster": "faster at", "slower": "slower at", "no gain": "no gain beyond the margin at",
+             "equivalent": f"within {pct} at"}
+    parts = []
+    for verdict, prefix in words.items():
+        cs = [lv.concurrency for lv in which if lv.verdict == verdict]
+        if cs:
+            parts.append(f"{prefix} {_ratios(levels, cs) if verdict != 'equivalent' else _list(cs)}")
+    return "; ".join(parts)
 
 
 def _decided(levels: Sequence[LevelVerdict], t: int, pct: str, fixed: dict[str, float]) -> Recommendation:
     cs = [lv.concurrency for lv in levels]
-    faster, slower, ties = _names(levels, "faster"), _names(levels, "slower"), _names(levels, "equivalent")
     projected = {**fixed, "as_recommended": _projection(levels, t)}
-    tie_words = f"; within {pct} at {_list(ties)}" if ties else ""
+    on, off = list(levels[:t]), list(levels[t:])
     if t == len(levels):
-        if faster:
-            reason = (f"Speculation pays at {_ratios(levels, faster)} concurrent requests and costs nothing at any "
-                      f"level measured (up to {cs[-1]}){tie_words}: keep it on.")
-        else:
-            reason = (f"Speculation makes no difference beyond {pct} at any level measured ({_list(cs)}): it neither "
-                      "pays nor costs throughput here.")
+        reason = (f"Speculation pays at every level measured (up to {cs[-1]}): {_describe(levels, on, pct)}. "
+                  "Keep it on.")
         return Recommendation(status="decided", speculation_off_from=None, reason=reason, projected_tokens_per_s=projected)
     if t == 0:
-        reason = f"Speculation does not pay at any level measured: slower at {_ratios(levels, slower)}{tie_words}. Turn it off."
-        return Recommendation(status="decided", speculation_off_from=cs[0], reason=reason, projected_tokens_per_s=projected)
-    on_ties = [c for c in ties if c < cs[t]]
-    off_ties = [c for c in ties if c >= cs[t]]
-    pays = f"faster at {_ratios(levels, faster)}" if faster else f"within {pct}"
-    reason = (f"Speculation pays up to {cs[t - 1]} concurrent request{'s' if cs[t - 1] > 1 else ''} ({pays}"
-              f"{f'; within {pct} at {_list(on_ties)}' if on_ties and faster else ''}) and not from {cs[t]} on "
-              f"({f'slower at {_ratios(levels, slower)}' if slower else f'within {pct}'}"
-              f"{f'; within {pct} at {_list(off_ties)}' if off_ties and slower else ''}): turn it off from {cs[t]}.")
+        reason = (f"Speculation does not pay at any level measured: {_describe(levels, off, pct)}. Turn it off.")
+        return Recommendation(status="decided", speculation_off_from=cs[0], off_from_batch=1, reason=reason,
+                              projected_tokens_per_s=projected)
+    reason = (f"Speculation pays up to {cs[t - 1]} concurrent request{'s' if cs[t - 1] > 1 else ''} "
+              f"({_describe(levels, on, pct)}) and not from {cs[t]} on ({_describe(levels, off, pct)}): "
+              f"turn it off from {cs[t]}.")
     if cs[t] - cs[t - 1] > 1:
-        reason += f" (Levels between {cs[t - 1]} and {cs[t]} were not measured: {cs[t]} is the first measured level "
-        reason += "where it does not pay.)"
-    return Recommendation(status="decided", speculation_off_from=cs[t], reason=reason, projected_tokens_per_s=projected)
+        reason += (f" (Levels between {cs[t - 1]} and {cs[t]} were not measured: {cs[t]} is the first measured level "
+                   f"where it does not pay. An engine's per-batch setting turns it off from a running batch of "
+                   f"{cs[t - 1] + 1}: at {cs[t]} requests in flight the batch is often smaller.)")
+    return Recommendation(status="decided", speculation_off_from=cs[t], off_from_batch=cs[t - 1] + 1, reason=reason,
+                          projected_tokens_per_s=projected)
 
 
 def _no_threshold(levels: Sequence[LevelVerdict], fixed: dict[str, float]) -> Recommendation:
     cs = [lv.concurrency for lv in levels]
     verdicts = [lv.verdict for lv in levels]
-    # The levels that break the order: a slower one below a faster one, and that faster one.
-    involved = sorted({cs[i] for i, v in enumerate(verdicts) if v == "slower" and "faster" in verdicts[i + 1:]}
-                      | {cs[j] for j, v in enumerate(verdicts) if v == "faster" and "slower" in verdicts[:j]})
-    faster, slower = _names(levels, "faster"), _names(levels, "slower")
+    # The levels that break the order: one where it does not pay below one where it does, and that one.
+    off = {"slower", "no gain"}
+    involved = sorted({cs[i] for i, v in enumerate(verdicts) if v in off and "faster" in verdicts[i + 1:]}
+                      | {cs[j] for j, v in enumerate(verdicts) if v == "faster" and off & set(verdicts[:j])})
+    faster = _names(levels, "faster")
+    below = [c for c in cs if c in involved and c not in faster]
     return Recommendation(
         status="undetermined", speculation_off_from=None, measure_next=involved, projected_tokens_per_s=fixed,
-        reason=f"no single threshold fits: speculation is faster at {_list(faster)} but slower at {_list(slower)}, "
-               "and a slower level lies below a faster one. Real crossovers are monotonic; measure "
-               f"{_list(involved)} again with more requests")
+        reason=f"no single threshold fits: speculation pays at {_list(faster)} but not at {_list(below)}, below "
+               f"a level where it pays. Real crossovers are monotonic; measure {_list(involved)} again with more "
+               "requests")
 
 
 def _undetermined(levels: Sequence[LevelVerdict], outcomes: set[int | str], open_: list[int],
@@ -189,7 +178,9 @@ def _undetermined(levels: Sequence[LevelVerdict], outcomes: set[int | str], open
     hi = thresholds[-1] if thresholds else n
     if len(offs) + never >= 2:
         between: tuple[int, int | None] | None = (offs[0], None if never else offs[-1])
-        head = f"undetermined between {offs[0]} and {'beyond ' + str(cs[-1]) if never else offs[-1]}"
+        head = (f"undetermined between {offs[0]} and {offs[-1]}" if not never else
+                f"undetermined between off from {offs[0]} and on at every level measured" if len(offs) == 1 else
+                f"undetermined between {offs[0]} and beyond {cs[-1]}")
     else:
         between, head = None, "undetermined"
     next_levels = sorted({cs[i] for i in open_ if max(0, lo - 1) <= i <= min(n - 1, hi)} or {cs[i] for i in open_})

@@ -19,9 +19,13 @@ confidence of each look is raised by Bonferroni over the looks the budget allows
 99.2 %. The verdict, with margin m (default 3 %):
 
     equivalent    the whole interval inside [1 - m, 1 + m]
-    faster        otherwise, the interval above 1
+    faster        otherwise, the interval above 1: speculation is shown to pay
     slower        otherwise, the interval below 1
-    undetermined  otherwise (or fewer than two blocks: no interval)
+    no gain       otherwise, the interval below 1 + m: a gain worth having is ruled out
+    undetermined  otherwise: a gain of more than m is still possible (or fewer than two blocks)
+
+Speculation is kept only where it is shown to pay: slower, equivalent and no gain all say
+"it does not pay here" (``PAYS``, ``DOES_NOT_PAY``).
 
 tests/specsweep/test_stats.py checks the coverage on generated data with a known ratio.
 """
@@ -33,7 +37,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-Verdict = Literal["faster", "slower", "equivalent", "undetermined"]
+Verdict = Literal["faster", "slower", "equivalent", "no gain", "undetermined"]
+PAYS: frozenset[str] = frozenset({"faster"})
+DOES_NOT_PAY: frozenset[str] = frozenset({"slower", "equivalent", "no gain"})
 
 
 # -- Student's t, without scipy --------------------------------------------------------------------
@@ -169,7 +175,8 @@ def ratio_interval(base: Sequence[float], spec: Sequence[float], *, paired: bool
 
 
 def verdict(interval: RatioInterval, margin: float) -> Verdict:
-    """faster, slower, equivalent (the whole interval within ±margin) or undetermined."""
+    """faster, slower, equivalent (the whole interval within ±margin), no gain (below 1 + margin) or
+    undetermined (a gain of more than the margin is still possible)."""
     if interval.low is None or interval.high is None:
         return "undetermined"
     if interval.low >= 1.0 - margin and interval.high <= 1.0 + margin:
@@ -178,4 +185,6 @@ def verdict(interval: RatioInterval, margin: float) -> Verdict:
         return "faster"
     if interval.high < 1.0:
         return "slower"
+    if interval.high < 1.0 + margin:
+        return "no gain"
     return "undetermined"

@@ -6,7 +6,7 @@ a grid may vary, and which is its K) with the values to try; its points are ever
 
 Each point is compared with the baseline level by level exactly as one comparison is
 (``specsweep.analysis.compare``: the same intervals and verdicts). At each level the best point is
-the one whose verdict is best (faster, then undetermined, then equivalent, then slower),
+the one whose verdict is best (faster, then undetermined, equivalent, no gain, slower),
 then whose throughput is highest. "From which concurrency is speculation off" is
 ``specsweep.analysis.recommend`` over those best points, the same rule as a comparison's; below
 that threshold each concurrency range gets its best point, and the ranges (the best K per range,
@@ -34,7 +34,7 @@ from specsweep.results import ResultsStore
 
 #: Each point restarts the server and measures every level: a larger grid is a mistake more often than not.
 MAX_POINTS = 24
-_RANK: dict[str, int] = {"faster": 0, "undetermined": 1, "equivalent": 2, "slower": 3}
+_RANK: dict[str, int] = {"faster": 0, "undetermined": 1, "equivalent": 2, "no gain": 3, "slower": 4}
 SEQUENTIAL_NOTE = "The blocks were not taken alternately"
 
 
@@ -151,7 +151,8 @@ class Tuning(BaseModel):
 
 
 def _range_words(r: SettingRange) -> str:
-    batches = f"{r.batch_from}-{r.batch_to}" if r.batch_to < MAX_BATCH else f"{r.batch_from} and more"
+    batches = (f"{r.batch_from} and more" if r.batch_to >= MAX_BATCH else f"{r.batch_from}-{r.batch_to}"
+               if r.batch_to > r.batch_from else f"{r.batch_from}")
     return f"{batches} in flight: " + (f"{r.point}" if r.point else "off")
 
 
@@ -179,16 +180,17 @@ def _baseline_at(by_point: Mapping[str, Mapping[int, Any]], c: int) -> float:
 
 def setting_ranges(levels: Sequence[LevelChoice], points: Sequence[GridPoint],
                    off_from: int | None) -> list[SettingRange]:
-    """Consecutive levels with the same best point merged into batch-size ranges; off from ``off_from``.
-    A range runs from its first level to just below the next range's (the first from 1)."""
+    """Consecutive levels with the same best point merged into batch-size ranges; off from ``off_from``. A
+    level's setting covers the running batches above the level before it up to its own (a closed loop of C
+    requests runs batches of fewer than C while requests finish and arrive); the first range starts at 1."""
     by_label = {p.label: p for p in points}
     on = [lv for lv in levels if off_from is None or lv.concurrency < off_from]
     starts: list[tuple[int, GridPoint | None]] = []
     for i, lv in enumerate(on):
         if not starts or starts[-1][1] is None or starts[-1][1].label != lv.best:
-            starts.append((1 if i == 0 else lv.concurrency, by_label[lv.best]))
+            starts.append((1 if i == 0 else on[i - 1].concurrency + 1, by_label[lv.best]))
     if off_from is not None:
-        starts.append((1 if not starts else off_from, None))
+        starts.append((1 if not starts else on[-1].concurrency + 1, None))
     ranges = []
     for i, (start, point) in enumerate(starts):
         end = starts[i + 1][0] - 1 if i + 1 < len(starts) else MAX_BATCH

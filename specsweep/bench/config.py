@@ -83,7 +83,10 @@ class SweepConfig(BaseModel):
         None, description="Open-loop levels instead: Poisson arrivals per second (latency from the scheduled time)."
     )
     max_concurrency: int | None = Field(None, ge=1, description="Cap on requests in flight in request-rate mode.")
-    num_requests: int = Field(32, ge=1, le=1_000_000, description="Measured requests per level.")
+    num_requests: int = Field(32, ge=1, le=1_000_000, description="Measured requests per level (per block).")
+    requests_per_slot: int = Field(
+        0, ge=0, le=10_000, description="At concurrency C a block holds at least C x this many requests, so that "
+        "ramp-up and drain (fewer than C in flight) stay a small part of it; 0: num_requests at every level.")
     duration_s: float | None = Field(None, gt=0, description="Or: send for this long per level (requests in flight finish).")
     warmup_requests: int = Field(2, ge=0, le=10_000, description="Requests before each level, not counted.")
     repeats: int = Field(1, ge=1, le=100, description="Times each level is measured (for the noise estimate).")
@@ -107,6 +110,13 @@ class SweepConfig(BaseModel):
         if rates is not None and (not rates or any(r <= 0 for r in rates)):
             raise ValueError("request rates must be positive numbers (requests per second)")
         return rates
+
+    def for_level(self, mode: str, value: float) -> SweepConfig:
+        """The sweep as one block of a level runs it: ``num_requests`` raised to C x ``requests_per_slot``."""
+        if mode != "concurrency" or self.duration_s is not None or not self.requests_per_slot:
+            return self
+        count = max(self.num_requests, int(value) * self.requests_per_slot)
+        return self if count == self.num_requests else self.model_copy(update={"num_requests": count})
 
     def levels(self) -> list[tuple[str, float]]:
         """(mode, value) per level: ("concurrency", 8) or ("rate", 2.5)."""

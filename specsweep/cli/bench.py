@@ -38,7 +38,17 @@ from specsweep.records import LevelRow
 from specsweep.reports.tables import console, summary_table
 from specsweep.results import ResultsStore, new_run_id
 from specsweep.server.fingerprint import server_fingerprint
-from specsweep.sweep import BenchTarget, RunRecorder, SweepJob, measure_level, new_run_row, points, repeats, run_levels
+from specsweep.sweep import (
+    BenchTarget,
+    RunRecorder,
+    SweepJob,
+    measure_level,
+    new_run_row,
+    points,
+    repeats,
+    run_levels,
+    set_aside,
+)
 
 
 @app.command("bench")
@@ -127,12 +137,14 @@ def bench(
                     progress.console.print(
                         f"level {row.label}: {row.output_tokens_per_s:.1f} output tok/s, TTFT median "
                         f"{(row.ttft_ms_median or 0):.1f} ms, {row.failed} failed"
-                        + ("  [client was the bottleneck]" if row.client_bottleneck else ""))
+                        + (f"  [set aside: {row.disturbed}]" if row.disturbed else
+                           "  [client was the bottleneck]" if row.client_bottleneck else ""))
 
                 return await run_levels(
                     levels, lambda lv: measure_level(target, job, lv, on_request=lambda _r: progress.advance(bar),
                                                      on_host=generator),
-                    more=repeats(repeat), stop_at_saturation=stop_at_saturation, on_level=level_done)
+                    more=repeats(repeat), stop_at_saturation=stop_at_saturation, on_level=level_done,
+                    set_aside=lambda row: set_aside(job, row))
 
             rows = asyncio.run(sweep_all())
     except (SpecsweepError, RuntimeError) as exc:

@@ -24,6 +24,13 @@ Results = Annotated[str, typer.Option("--results", help="Results root (Parquet):
 HostFile = Annotated[Optional[Path], typer.Option(
     "--host-config", help="Host file (JSON or TOML, as the flows' host parameter). Default: this machine.")]
 Margin = Annotated[float, typer.Option("--margin", help="Ratios within ±margin count as equivalent (0.03: ±3 %).")]
+Design = Annotated[str, typer.Option(help="alternate: baseline and speculative blocks in turn; sequential: one "
+                                     "configuration, then the other.")]
+SloTtft = Annotated[Optional[float], typer.Option(
+    "--slo-ttft-p99-ms", help="Latency target: p99 time to first token (ms); the answer then gives each "
+    "configuration's capacity within the targets and its goodput.")]
+SloTpot = Annotated[Optional[float], typer.Option(
+    "--slo-tpot-p99-ms", help="Latency target: p99 time per output token (ms).")]
 Budget = Annotated[int, typer.Option("--max-requests-per-level",
                                      help="Budget: measured requests per level and configuration.")]
 RESULTS_DEFAULT = str(DEFAULT_ROOT)

@@ -50,6 +50,12 @@ def of_settings(settings: EngineSettings) -> Engine:
     raise ConfigError(f"{type(settings).__name__} is not the settings of an engine specsweep knows")
 
 
+def check_verifiable(name: str, what: str = "decision.verify") -> None:
+    """Refuse the verify stage for an engine that cannot run a per-batch setting, saying why."""
+    if name in ENGINES and (why := ENGINES[name].no_per_batch_switch):
+        raise ConfigError(f"{what}: {why} Leave verify off for {ENGINES[name].label}.")
+
+
 def _known_or_all(name: str) -> list[Engine]:
     return [ENGINES[name]] if name in ENGINES else list(ENGINES.values())
 

@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from specsweep.errors import ConfigError
 from specsweep.profiles import ServerProfile
 from specsweep.records import RequestRecord
 
@@ -96,6 +97,9 @@ class Engine:
     metrics: ClassVar[MetricNames] = MetricNames()
     #: Added to every streamed OpenAI request body.
     request_fields: ClassVar[Mapping[str, Any]] = {}
+    #: What it can take of a recommendation: None when one server can run the per-batch setting (the verify
+    #: stage runs it); else why not, in a sentence.
+    no_per_batch_switch: ClassVar[str | None] = None
 
     def presets(self) -> Mapping[str, Preset]:
         return {}
@@ -150,6 +154,44 @@ def ranges(starts: Sequence[tuple[int, int]]) -> list[list[int]]:
     just below the next one's start, the last to the largest batch."""
     return [[start, starts[i + 1][0] - 1 if i + 1 < len(starts) else MAX_BATCH, k]
             for i, (start, k) in enumerate(starts)]
+
+
+#: What a profile that runs a recommendation is called: the speculative profile's name and this.
+AS_RECOMMENDED = "-as-recommended"
+
+
+def _flag_groups(args: Sequence[str]) -> list[list[str]]:
+    """A command's flags with their values: [["--a", "1"], ["--switch"], ...] (positional words before the
+    first flag form a group of their own)."""
+    groups: list[list[str]] = []
+    for arg in args:
+        if arg.startswith("--") or not groups:
+            groups.append([arg])
+        else:
+            groups[-1].append(arg)
+    return groups
+
+
+def with_setting(profile: ServerProfile, setting: PerBatchSetting, file_path: str | None = None) -> ServerProfile:
+    """The speculative ``profile`` started with the recommendation: each of the setting's flags replaces the
+    profile's own (or is added), the setting's file named by ``file_path`` (where the file was written on the
+    host). A setting without flags is an engine without a per-batch switch: ConfigError."""
+    if not setting.flags:
+        raise ConfigError(f"{setting.engine} has no per-batch speculation switch: its recommendation is a rule for a "
+                          "router (one deployment per setting), and there is no single server to run it on")
+    new = split_command(setting.flags)
+    if setting.file_name and setting.file_name in new:
+        if file_path is None:
+            raise ConfigError(f"the recommendation's file {setting.file_name} must be written on the host first")
+        new = [file_path if a == setting.file_name else a for a in new]
+    groups = _flag_groups(profile.argv)
+    for group in _flag_groups(new):
+        at = next((i for i, g in enumerate(groups) if g[0] == group[0]), None)
+        if at is None:
+            groups.append(group)
+        else:
+            groups[at] = group
+    return profile.model_copy(update={"name": profile.name + AS_RECOMMENDED, "argv": [a for g in groups for a in g]})
 
 
 def compact_json(data: Any) -> str:

@@ -132,6 +132,11 @@ _ENVIRON_VALUE_SCRIPT = r"""tr '\0' '\n' < "/proc/$1/environ" 2>/dev/null | sed 
 
 _SS_PID = re.compile(r"pid=(\d+)")
 
+#: Writes stdin to ~/.specsweep/files/NAME, readable by the login user alone, whole or not at all.
+_WRITE_PRIVATE_SCRIPT = r"""umask 077; d="$HOME/.specsweep/files"; mkdir -p -- "$d" && [ ! -L "$d" ] && \
+chmod 700 -- "$d" && cat > "$d/.$1.tmp" && mv -f -- "$d/.$1.tmp" "$d/$1" && printf '%s' "$d/$1" """
+_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")
+
 
 class Host(ABC):
     """A machine that servers run on. Use as a context manager; ``close`` is idempotent."""
@@ -312,6 +317,14 @@ class Host(ABC):
         """Up to ``limit`` bytes of a file from byte ``offset``; empty when it does not exist."""
         argv = ["sh", "-c", _READ_FROM_SCRIPT, "sh", str(int(offset) + 1), path, str(int(limit))]
         return self.run(argv, timeout=60).stdout_bytes
+
+    def write_private_file(self, name: str, data: bytes) -> str:
+        """Write ``data`` to ``~/.specsweep/files/<name>`` on the host (mode 600, replaced atomically) and
+        return its path: a file a server loads, such as an engine's per-batch speculation setting."""
+        if not _FILE_NAME.fullmatch(name):
+            raise ValueError(f"file name {name!r}: use letters, digits, '.', '_' and '-'")
+        result = self._raise_for(self.run(["sh", "-c", _WRITE_PRIVATE_SCRIPT, "sh", name], timeout=60, input=data))
+        return result.stdout.strip()
 
     def tail(self, path: str, lines: int = 40) -> str:
         """The last lines of a file, or an empty string when it cannot be read."""

@@ -36,7 +36,25 @@ def recommendation_json(comp: Comparison) -> dict[str, Any]:
                     "blocks": {"baseline": lv.blocks[0], "speculative": lv.blocks[1]}} for lv in comp.levels],
         "projected_tokens_per_s": {k: round(v, 2) for k, v in rec.projected_tokens_per_s.items()},
         "engine_setting": comp.setting.model_dump(mode="json") if comp.setting is not None else None,
+        "verified": verification_json(comp),
+        "slo": comp.slo.model_dump(mode="json") if comp.slo is not None else None,
     }
+
+
+def verification_json(comp: Comparison) -> dict[str, Any]:
+    """Whether the engine ran the recommendation, and how it did against the better fixed policy per level."""
+    v = comp.verification
+    if v is None:
+        return {"status": "not run"}
+    return {"status": v.status, "summary": v.summary, "setting": v.setting, "runs": v.runs,
+            "mean_tokens_per_s": {k: round(x, 2) for k, x in v.mean_tokens_per_s.items()},
+            "levels": [{"concurrency": lv.concurrency, "speculates": lv.speculates, "result": lv.result,
+                        "better_fixed": lv.better_fixed, "ratio": round(lv.ratio, 4),
+                        "interval": [round(lv.ratio_low, 4), round(lv.ratio_high, 4)]
+                        if lv.ratio_low is not None and lv.ratio_high is not None else None,
+                        "tokens_per_s": {"off": round(lv.off_tokens_per_s, 2), "on": round(lv.on_tokens_per_s, 2),
+                                         "schedule": round(lv.schedule_tokens_per_s, 2)}, "blocks": lv.blocks}
+                       for lv in v.levels]}
 
 
 def tuning_json(tuning: Tuning) -> dict[str, Any]:

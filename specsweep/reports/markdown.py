@@ -7,7 +7,9 @@ from collections.abc import Sequence
 from specsweep import engines
 from specsweep.analysis.compare import Comparison
 from specsweep.analysis.recommend import Recommendation
+from specsweep.analysis.slo import Side, SLOView
 from specsweep.analysis.tuning import Tuning
+from specsweep.analysis.verify import Verification
 from specsweep.engines import PerBatchSetting
 from specsweep.engines.base import MAX_BATCH
 
@@ -19,8 +21,12 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def headline(rec: Recommendation, summary: str | None = None) -> str:
-    """The answer's first line: "Decided: ..." or "Undetermined: ..." (the reason says the rest)."""
-    return f"{'Decided' if rec.status == 'decided' else 'Undetermined'}: {summary or rec.reason}"
+    """The answer's first line: "Decided: ..." or "Undetermined ..." (the reason says the rest, and is not
+    made to say "undetermined" twice)."""
+    text = summary or rec.reason
+    if rec.status == "decided":
+        return f"Decided: {text}"
+    return text[0].upper() + text[1:] if text.lower().startswith("undetermined") else f"Undetermined: {text}"
 
 
 def configure_lines(rec: Recommendation, setting: PerBatchSetting | None) -> list[str]:
@@ -69,7 +75,9 @@ def comparison_markdown(comp: Comparison) -> str:
         + (f"; measure next: {', '.join(map(str, rec.measure_next))}" if rec.measure_next else ""),
         table,
         f"Verdicts: faster / slower when the interval of the ratio lies above / below 1; equivalent when it lies within "
-        f"±{comp.margin:.0%}; undetermined otherwise. Intervals are simultaneous over each level's looks "
+        f"±{comp.margin:.0%}; no gain when it lies below 1 + {comp.margin:.0%} (a gain beyond the margin is ruled out); "
+        "undetermined otherwise (a gain is still possible). Speculation is kept only where it pays (faster). "
+        "Intervals are simultaneous over each level's looks "
         f"({comp.levels[0].confidence:.1%} per look); blocks were "
         f"{'paired (alternate design)' if comp.levels[0].paired else 'not paired (sequential design)'}.",
         "### What to configure",
@@ -77,13 +85,51 @@ def comparison_markdown(comp: Comparison) -> str:
         "### Projected throughput",
         policies,
     ]
+    parts += slo_markdown(comp.slo)
+    parts += verification_markdown(comp.verification)
     if comp.notes:
         parts.append("### Notes\n" + "\n".join(f"- {n}" for n in comp.notes))
     return "\n\n".join(parts)
 
 
+def slo_markdown(view: SLOView | None) -> list[str]:
+    """Capacity and goodput within the latency targets, where the run gave targets."""
+    if view is None:
+        return []
+
+    def cell(side: Side) -> str:
+        return f"{'yes' if side.meets else 'no'} ({_f(side.ttft_p99_ms)} / {_f(side.tpot_p99_ms, 2)})"
+
+    rows = [[str(lv.concurrency), cell(lv.baseline), cell(lv.speculative), _f(lv.baseline.goodput_tokens_per_s),
+             _f(lv.speculative.goodput_tokens_per_s)] for lv in view.levels]
+    table = markdown_table(["concurrency", "baseline meets (TTFT / TPOT p99 ms)",
+                            "speculative meets (TTFT / TPOT p99 ms)", "baseline goodput tok/s",
+                            "speculative goodput tok/s"], rows)
+    return ["### Within the latency targets", f"**{view.summary}**", table,
+            "Goodput: output tokens per second of the requests that met both targets themselves. Capacity: the "
+            "highest measured concurrency up to which every level's p99s are within the targets."]
+
+
+def verification_markdown(v: Verification | None) -> list[str]:
+    """The verify stage: the recommended setting as the engine ran it, against both fixed policies."""
+    if v is None:
+        return ["### Verified?\n\nNot run: the recommendation has not been run by the engine (decision.verify, "
+                "`--verify`)."]
+    rows = [[str(lv.concurrency), "on" if lv.speculates else "off", _f(lv.off_tokens_per_s), _f(lv.on_tokens_per_s),
+             _f(lv.schedule_tokens_per_s), f"always {lv.better_fixed}",
+             f"{lv.ratio:.2f}" + (f" [{lv.ratio_low:.2f}, {lv.ratio_high:.2f}]" if lv.ratio_low is not None
+                                  and lv.ratio_high is not None else ""), lv.result, str(lv.blocks)] for lv in v.levels]
+    table = markdown_table(["concurrency", "recommended", "always off tok/s", "always on tok/s", "as recommended tok/s",
+                            "better fixed", "recommended / better [interval]", "result", "blocks each"], rows)
+    return ["### Verified?", f"**{v.summary}**", f"The engine ran: `{v.setting}`", table,
+            f"Each level: the recommended setting against the better of the two fixed policies, blocks of the three "
+            f"in turn (paired). It reaches the better one when the interval lies above 1 - {v.margin:.0%}."]
+
+
 def batch_span(batch_from: int, batch_to: int) -> str:
-    return f"{batch_from}-{batch_to}" if batch_to < MAX_BATCH else f"{batch_from}+"
+    if batch_to >= MAX_BATCH:
+        return f"{batch_from}+"
+    return f"{batch_from}-{batch_to}" if batch_to > batch_from else f"{batch_from}"
 
 
 def tuning_markdown(tuning: Tuning) -> str:

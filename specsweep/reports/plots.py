@@ -28,8 +28,9 @@ from specsweep.analysis.compare import Comparison  # noqa: E402
 from specsweep.analysis.tuning import Tuning  # noqa: E402
 
 DPI = 90
-BASE, SPEC = "tab:blue", "tab:orange"
-VERDICT_COLOURS = {"faster": "tab:green", "slower": "tab:red", "equivalent": "tab:gray", "undetermined": "gold"}
+BASE, SPEC, AS_RECOMMENDED = "tab:blue", "tab:orange", "tab:green"
+VERDICT_COLOURS = {"faster": "tab:green", "slower": "tab:red", "equivalent": "tab:gray", "no gain": "tab:brown",
+                   "undetermined": "gold"}
 
 
 def _png(fig: Figure) -> bytes:
@@ -68,6 +69,11 @@ def comparison_plots(comp: Comparison) -> dict[str, bytes]:
                 label=comp.baseline)
     ax.errorbar(c, spec, yerr=_error(spec, [r.speculative_interval for r in lv]), fmt="s-", color=SPEC, capsize=3,
                 label=comp.speculative)
+    if comp.verification is not None and comp.verification.levels:
+        # The verify stage measured its own blocks: its curves are drawn with the recommendation's.
+        v = comp.verification.levels
+        ax.plot([x.concurrency for x in v], [x.schedule_tokens_per_s for x in v], "D-", color=AS_RECOMMENDED, lw=2,
+                label=f"as recommended, run by the engine ({comp.verification.status})")
     _concurrency_axis(ax, c)
     ax.set(ylabel="output tokens/s", title="Output throughput (95% interval of each mean)")
     ax.legend()

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from specsweep.analysis.compare import Comparison
 from specsweep.analysis.tuning import Tuning
+from specsweep.analysis.verify import Verification
 from specsweep.records import LevelRow
 from specsweep.reports.markdown import batch_span, configure_lines, headline
 
@@ -48,7 +49,7 @@ def summary_rows(rows: Sequence[LevelRow]) -> list[list[str]]:
         for name, key in SUMMARY_COLUMNS:
             if name == "level":
                 label = r.label + (f" #{r.repeat}" if r.repeat else "")
-                cells.append(label + (" (client-bound)" if r.client_bottleneck else ""))
+                cells.append(label + (" (set aside)" if r.disturbed else " (client-bound)" if r.client_bottleneck else ""))
             elif name == "ok/failed":
                 cells.append(f"{r.completed}/{r.failed}")
             else:
@@ -98,8 +99,30 @@ def print_comparison(comp: Comparison, out: Console | None = None) -> None:
     out.print(f"mean output tok/s over the levels: always off {pol.get('always_off', 0):,.1f}, always on "
               f"{pol.get('always_on', 0):,.1f}"
               + (f", as recommended {pol['as_recommended']:,.1f}" if "as_recommended" in pol else ""))
+    if comp.slo is not None:
+        out.print(comp.slo.summary, markup=False)
+        out.print("goodput tok/s within the targets (base/spec): " + ", ".join(
+            f"{lv.concurrency}: {lv.baseline.goodput_tokens_per_s:,.0f}/{lv.speculative.goodput_tokens_per_s:,.0f}"
+            for lv in comp.slo.levels), markup=False)
+    if comp.verification is not None:
+        _print_verification(out, comp.verification)
     for note in comp.notes:
         out.print(f"note: {note}", markup=False)
+
+
+def _print_verification(out: Console, v: Verification) -> None:
+    table = Table(title="verify: the recommended setting, run by the engine, against both fixed policies")
+    for col in ("concurrency", "recommended", "always off tok/s", "always on tok/s", "as recommended tok/s",
+                "vs better fixed", "result"):
+        table.add_column(col, justify="left" if col in ("recommended", "result") else "right")
+    for lv in v.levels:
+        ci = f" [{lv.ratio_low:.2f}-{lv.ratio_high:.2f}]" if lv.ratio_low is not None and lv.ratio_high is not None \
+            else ""
+        table.add_row(str(lv.concurrency), "on" if lv.speculates else "off", f"{lv.off_tokens_per_s:,.1f}",
+                      f"{lv.on_tokens_per_s:,.1f}", f"{lv.schedule_tokens_per_s:,.1f}",
+                      f"{lv.ratio:.2f}{ci} of {lv.better_fixed}", lv.result)
+    out.print(table)
+    out.print(v.summary, style="bold", markup=False)
 
 
 def _configure(out: Console, lines: list[str]) -> None:

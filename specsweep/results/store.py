@@ -20,6 +20,7 @@ import secrets
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -76,6 +77,10 @@ class ResultsStore:
             self.location.write_bytes(f"requests/run_id={run_id}/{level_key}.parquet", _parquet_bytes(to_table(requests)))
         self.location.write_bytes(f"levels/run_id={run_id}/{level_key}.parquet", _parquet_bytes(to_table([row])))
 
+    def write_level_row(self, run_id: str, level_key: str, row: LevelRow) -> None:
+        """A level's row again (its requests unchanged): a block set aside after it was stored."""
+        self.location.write_bytes(f"levels/run_id={run_id}/{level_key}.parquet", _parquet_bytes(to_table([row])))
+
     def write_file(self, relative: str, data: bytes) -> str:
         """Any other file under the root (reports, plots); returns its URL."""
         self.location.write_bytes(relative, data)
@@ -90,9 +95,12 @@ class ResultsStore:
                 tables.append(pq.read_table(f))
         return tables
 
+    def run_ids(self, name: str = "runs") -> list[str]:
+        """The run ids a dataset holds (from its partition folders; nothing is read)."""
+        return [d.split("=", 1)[1] for d in self.location.list_dirs(name) if d.startswith("run_id=")]
+
     def _read(self, name: str, run_ids: Sequence[str] | None = None) -> pd.DataFrame:
-        ids = list(run_ids) if run_ids else [d.split("=", 1)[1] for d in self.location.list_dirs(name)
-                                             if d.startswith("run_id=")]
+        ids = list(run_ids) if run_ids else self.run_ids(name)
         frames = []
         for rid in ids:
             for table in self._tables(name, rid):
@@ -135,6 +143,16 @@ class ResultsStore:
 
     def requests(self, run_ids: Sequence[str]) -> pd.DataFrame:
         return self._read("requests", run_ids)
+
+    def request_fields(self, run_id: str, columns: Sequence[str]) -> list[dict[str, Any]]:
+        """Some columns of a run's requests, one dict per request (the rest, such as chunk times, not read)."""
+        out: list[dict[str, Any]] = []
+        for rel in self.location.list_files(f"requests/run_id={run_id}", ".parquet"):
+            with self.location.fs.open_input_file(self.location.path(rel)) as f:
+                names = set(pq.read_schema(f).names)
+                f.seek(0)
+                out += pq.read_table(f, columns=[c for c in columns if c in names]).to_pylist()
+        return out
 
 
 def comparison_folder(baseline_run_id: str | None, speculative_run_id: str | None) -> str:

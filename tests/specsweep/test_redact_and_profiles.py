@@ -18,6 +18,8 @@ from specsweep.redact import RedactingLogger, Redactor, mask_argv, mask_env
 def test_mask_argv_hides_values_of_secret_flags() -> None:
     argv = ["srv", "--api-key", "abcd1234", "--hf-token=hf_xyz123", "--port", "80", "--model", "m"]
     assert mask_argv(argv) == ["srv", "--api-key", "***", "--hf-token=***", "--port", "80", "--model", "m"]
+    counts = ["srv", "--speculative-num-draft-tokens", "4096", "--max-num-batched-tokens=8192"]
+    assert mask_argv(counts) == counts  # a count of tokens is not a token
 
 
 def test_mask_env_by_name() -> None:

@@ -59,11 +59,11 @@ def test_the_best_k_per_range_becomes_vllms_schedule(tmp_path: Path) -> None:
         (1, "k5", "faster"), (4, "k3", "faster"), (8, "k1", "faster"), (16, "k1", "slower")]
     assert tuning.recommendation.status == "decided" and tuning.recommendation.speculation_off_from == 16
     assert [(r.batch_from, r.batch_to, r.point, r.k) for r in tuning.ranges] == [
-        (1, 3, "k5", 5), (4, 7, "k3", 3), (8, 15, "k1", 1), (16, 4096, None, 0)]
+        (1, 1, "k5", 5), (2, 4, "k3", 3), (5, 8, "k1", 1), (9, 4096, None, 0)]  # each above the level before it
     assert tuning.setting is not None and tuning.setting.engine == "vllm"  # a vLLM grid gives vLLM's form
     cfg = tuning.setting.content
     assert cfg == {"method": "draft_model", "model": "/m/draft", "num_speculative_tokens": 5,
-                   "num_speculative_tokens_per_batch_size": [[1, 3, 5], [4, 7, 3], [8, 15, 1], [16, 4096, 0]]}
+                   "num_speculative_tokens_per_batch_size": [[1, 1, 5], [2, 4, 3], [5, 8, 1], [9, 4096, 0]]}
     check_vllm_speculative_config(cfg)
     # A grid has only the sequential design: the comparison's advice to alternate is replaced by what applies.
     assert not any("not taken alternately" in n for n in tuning.notes)
@@ -79,7 +79,7 @@ def test_the_best_k_per_range_becomes_vllms_schedule(tmp_path: Path) -> None:
     assert saved["status"] == "decided" and [r["point"] for r in saved["ranges"]] == ["k5", "k3", "k1", None]
     assert saved["levels"][0]["points"]["k5"]["verdict"] == "faster"
     report = (folder / "report.md").read_text()
-    assert "| 1-3 | k5 | 5 |" in report and "| 16+ | off (baseline) | 0 |" in report
+    assert "| 1 | k5 | 5 |" in report and "| 9+ | off (baseline) | 0 |" in report
     assert "num_speculative_tokens_per_batch_size" in report
     assert (folder / "speedup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -91,8 +91,8 @@ def test_sglang_grid_gives_candidate_steps_per_batch_tier(tmp_path: Path) -> Non
     tuning = tune_runs(store, "sglang", "base", {f"steps{k}": f"k{k}" for k in (1, 3, 5)}, points, DecisionConfig())
     assert tuning.setting is not None and tuning.setting.engine == "sglang"
     cfg = tuning.setting.content
-    assert cfg == {"1": {"candidate_steps": [5]}, "4": {"candidate_steps": [3]}, "8": {"candidate_steps": [1]},
-                   "16": {"candidate_steps": [0]}}
+    assert cfg == {"1": {"candidate_steps": [5]}, "2": {"candidate_steps": [3]}, "5": {"candidate_steps": [1]},
+                   "9": {"candidate_steps": [0]}}
     check_sglang_adaptive_config(cfg)
     assert tuning.setting.flags is not None and "--speculative-num-steps 5 --speculative-eagle-topk 1" in tuning.setting.flags
 

@@ -156,6 +156,11 @@ class LlamaCpp(Engine):
     grid_fields = {"draft_max": "dmax", "draft_min": "dmin", "draft_p_min": "pmin"}
     k_field = "draft_max"
     default_grid = {"draft_max": [2, 4, 8]}
+    no_per_batch_switch = (
+        "llama.cpp cannot take a per-batch schedule: its draft settings (--spec-draft-n-max, --spec-draft-n-min, "
+        "--spec-draft-p-min) hold for every batch, and p-min adapts to the draft's confidence, not to the load. Its "
+        "recommendation is a rule for a router in front of two servers (speculative below the threshold, baseline "
+        "from it), which at a fixed concurrency is one of the two fixed policies the comparison measured already.")
     metrics = MetricNames(
         gauges={"running": ("llamacpp:requests_processing",), "waiting": ("llamacpp:requests_deferred",),
                 "kv_cache": ("llamacpp:kv_cache_usage_ratio",)},

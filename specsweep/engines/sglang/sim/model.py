@@ -63,6 +63,16 @@ PROFILES: dict[str, SimProfile] = {
         name="tiny-fast", description="a fast small model for quick tests: 360 tok/s single stream",
         base_step_s=0.0025, base_rate=4000.0, spec_step_s=0.003, spec_rate=600.0, accept_length=2.5,
     ),
+    "tiny-pays": SimProfile(
+        # Verify steps nearly as cheap as plain ones at every batch: speculation pays at every level (x2 and more).
+        name="tiny-pays", description="speculation pays at every batch size (no crossover)",
+        base_step_s=0.0025, base_rate=4000.0, spec_step_s=0.003, spec_rate=4000.0, accept_length=2.5,
+    ),
+    "tiny-never": SimProfile(
+        # Verify steps cost far more than they emit: speculation is slower at every level (x0.8 and less).
+        name="tiny-never", description="speculation does not pay at any batch size (no crossover)",
+        base_step_s=0.0025, base_rate=4000.0, spec_step_s=0.008, spec_rate=600.0, accept_length=2.5,
+    ),
 }
 
 

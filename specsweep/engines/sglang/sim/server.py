@@ -134,6 +134,7 @@ class Engine:
         self.waiting: collections.deque[SimRequest] = collections.deque()
         self.wake = asyncio.Event()
         self.hung = False
+        self.stall_s = 0.0  # one stall of the whole engine, at its next step (a fault)
         self.total_tokens = 0
         self.total_verify = 0
         self.total_drafted = 0
@@ -174,6 +175,10 @@ class Engine:
                 await self.wake.wait()
                 next_t = _perf()
                 continue
+            if self.stall_s:
+                log.warning("fault: the engine stalls for %.2f s", self.stall_s)
+                await asyncio.sleep(self.stall_s)
+                self.stall_s, next_t = 0.0, _perf()
             b = len(self.running)
             steps = self.steps_for(b)
             dt = step_time(b, *spec_step_params(self.profile, steps))
@@ -243,6 +248,8 @@ class SimServer:
 
     def _check_generation_faults(self) -> web.Response | None:
         self.requests_started += 1
+        if self.args.fault_engine_stall_after is not None and self.requests_started == self.args.fault_engine_stall_after:
+            self.engine.stall_s = self.args.fault_engine_stall_s
         if self.faults.hang_after is not None and self.requests_started > self.faults.hang_after:
             if not self.engine.hung:
                 log.warning("fault: generation hangs from now on (health stays 200)")
@@ -571,6 +578,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     ap.add_argument("--fault-trickle-s", type=float, default=0.0, metavar="S",
                     help="send streams one byte at a time, S seconds apart: every read gets data quickly, "
                          "the whole answer takes far longer than any request timeout")
+    ap.add_argument("--fault-engine-stall-after", type=int, default=None, metavar="N",
+                    help="once, as the N-th generation request arrives, the whole engine stalls (every stream waits) "
+                         "for --fault-engine-stall-s")
+    ap.add_argument("--fault-engine-stall-s", type=float, default=1.0)
     ap.add_argument("--fault-tokenize-only", default=None, metavar="FIELD",
                     help="/tokenize reads only this body field (prompt, text or content) and answers any other body "
                          "with a count of 0, as a server that ignores a field it does not know")

@@ -1,0 +1,130 @@
+"""A level's throughput in its steady window, and a block the machine disturbed set aside and measured again.
+
+Numbers worked out by hand, on records and rows built here: these are the rules; the flows' tests run them
+against real servers.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from specsweep import metrics
+from specsweep.analysis.decision import DecisionConfig, blocks_needed, pair_needs_more
+from specsweep.analysis.stats import ratio_interval
+from specsweep.records import Level, LevelRow, LevelRun, RequestRecord
+from specsweep.sweep import MAX_SET_ASIDE, PAIRED_WITH_DISTURBED, Point, repeats, run_in_turn, run_levels
+
+
+def request(i: int, sent: float, end: float, tokens: int = 10, ok: bool = True) -> RequestRecord:
+    """A request sent at ``sent`` whose tokens arrive evenly from 0.1 s after it until ``end``."""
+    times = [sent + 0.1 + (end - sent - 0.1) * (k + 1) / tokens for k in range(tokens)]
+    return RequestRecord(index=i, scheduled_s=sent, sent_s=sent, first_token_s=times[0], last_token_s=times[-1],
+                         end_s=end, output_tokens=tokens, chunk_times_s=times, chunk_tokens=[1] * tokens,
+                         error_type=None if ok else "HTTPStatus")
+
+
+def test_the_steady_window_runs_from_the_full_concurrency_to_the_first_completion_not_replaced() -> None:
+    # C=2, four requests: two sent at 0; the first ends at 1.0 and the third is sent; the second ends at 1.5
+    # and the fourth is sent; then the third ends at 2.0 and nothing replaces it: the window is [0, 2.0].
+    records = [request(0, 0.0, 1.0), request(1, 0.0, 1.5), request(2, 1.0, 2.0), request(3, 1.5, 3.5)]
+    assert metrics.steady_window(records, 2) == (0.0, 2.0)
+    m = metrics.level_metrics(records, 2)
+    inside = metrics.tokens_between(records, 0.0, 2.0)
+    assert m["steady_output_tokens_per_s"] == pytest.approx(inside / 2.0)
+    assert m["steady_share"] == pytest.approx(2.0 / 3.5)
+    # The drain (one request alone from 2.0 to 3.5) lowers the whole block's rate, not the steady one.
+    assert m["steady_output_tokens_per_s"] > m["output_tokens_per_s"]
+    assert metrics.steady_window(records, 8) is None and metrics.steady_window(records, None) is None
+
+
+def run_of(records: list[RequestRecord], lag_max_ms: float = 1.0) -> tuple[LevelRun, dict[str, object]]:
+    run = LevelRun(Level(index=0, mode="concurrency", value=1), records, 0.0, loop_lag_max_ms=lag_max_ms)
+    return run, metrics.level_metrics(records, 1)
+
+
+def test_a_block_the_machine_disturbed_says_why() -> None:
+    steady = [request(i, i * 1.0, i * 1.0 + 1.0) for i in range(4)]
+    assert metrics.disturbance(*run_of(steady)) is None
+    failed = steady[:3] + [request(3, 3.0, 4.0, ok=False)]
+    assert "1 request(s) failed" in (metrics.disturbance(*run_of(failed)) or "")
+    assert "event loop stalled for 450 ms" in (metrics.disturbance(*run_of(steady, lag_max_ms=450)) or "")
+    # A token every 0.09 s, then nothing for 1.5 s: a stall (the level's own TTFT is 0.19 s).
+    stalled = steady[:2] + [request(2, 2.0, 4.5)]
+    stalled[2].chunk_times_s = [2.1, 2.2, 3.7, 3.8, 3.9, 4.0, 4.1, 4.2, 4.3, 4.5]
+    why = metrics.disturbance(*run_of(stalled)) or ""
+    assert why.startswith("no token arrived for 1.50 s"), why
+
+
+def test_an_outlier_is_far_from_its_levels_other_blocks() -> None:
+    assert metrics.outlier(250.0, [500.0, 510.0, 495.0]) is not None  # half of the others
+    assert metrics.outlier(450.0, [500.0, 510.0, 495.0]) is None  # within 1.5x
+    assert metrics.outlier(250.0, [500.0, 510.0]) is None  # too few others to judge by
+
+
+def row(throughput: float, repeat: int, disturbed: str | None = None, name: str = "a") -> LevelRow:
+    return LevelRow(config_name=name, level_index=0, mode="concurrency", concurrency=4, repeat=repeat,
+                    output_tokens_per_s=throughput, completed=8, requests=8, duration_s=1.0, disturbed=disturbed)
+
+
+async def test_a_disturbed_block_does_not_count_and_is_measured_again() -> None:
+    script = [row(500, 0), row(505, 1), row(9.0, 2, "the client's event loop stalled for 900 ms"), row(498, 3),
+              row(240, 4), row(502, 5)]  # block 4: half the others, set aside as an outlier
+    seen: list[int] = []
+    stored: list[LevelRow] = []
+
+    async def measure(level: Level) -> LevelRow:
+        return script[level.repeat]
+
+    async def set_aside(r: LevelRow) -> None:
+        stored.append(r)
+
+    def more(_point: Point, rows: list[LevelRow]) -> bool:
+        seen.append(len(rows))
+        return len(rows) < 4
+
+    rows = await run_levels([Point(0, "concurrency", 4)], measure, more=more, set_aside=set_aside)
+    assert [r.repeat for r in rows] == [0, 1, 2, 3, 4, 5]
+    assert [r.disturbed is not None for r in rows] == [False, False, True, False, True, False]
+    assert seen == [1, 2, 3, 4]  # the rule saw only the blocks that count
+    # Both go where set-aside blocks are kept (and logged): the one its measurement marked, and the outlier.
+    assert [r.repeat for r in stored] == [2, 4] and "lies 2.08x from" in (stored[1].disturbed or "")
+
+
+async def test_a_level_the_machine_keeps_disturbing_ends_after_a_few_tries() -> None:
+    async def measure(level: Level) -> LevelRow:
+        return row(500, level.repeat, "3 request(s) failed")
+
+    rows = await run_levels([Point(0, "concurrency", 4)], measure, more=repeats(4))
+    assert len(rows) == MAX_SET_ASIDE + 1 and all(r.disturbed for r in rows)
+
+
+async def test_a_round_in_turn_with_a_disturbed_block_is_set_aside_whole() -> None:
+    async def base(level: Level) -> LevelRow:
+        return row(500, level.repeat, "no token arrived for 2.00 s" if level.repeat == 1 else None, "b")
+
+    async def spec(level: Level) -> LevelRow:
+        return row(400, level.repeat, name="s")
+
+    out = await run_in_turn([Point(0, "concurrency", 4)], [base, spec],
+                            more=lambda clean: len(clean[0]) < 3)
+    b, s = out
+    assert [r.repeat for r in b] == [0, 1, 2, 3] and [r.repeat for r in s] == [0, 1, 2, 3]
+    assert s[1].disturbed == PAIRED_WITH_DISTURBED and b[1].disturbed and not s[0].disturbed
+
+
+def test_the_noise_of_the_first_blocks_sizes_what_a_level_needs() -> None:
+    quiet = ratio_interval([500, 502, 498, 501], [600, 603, 597, 602], paired=True)
+    assert blocks_needed(quiet, 0.03) == 4  # x1.2 with 0.4 % noise: decided already
+    edge = ratio_interval([500, 560, 450, 520], [560, 470, 520, 510], paired=True)
+    assert blocks_needed(edge, 0.03) > 50  # about x1.02, each pair +-15 %: right on the edge
+    config = DecisionConfig(min_blocks=4, max_requests_per_level=12 * 16)
+
+    def rows_of(values: list[float], name: str) -> list[LevelRow]:
+        return [row(v, i, name=name) for i, v in enumerate(values)]
+
+    # Hopeless within the budget (16 blocks): stops at the minimum rather than spend it.
+    assert not pair_needs_more(config, 12)(rows_of([500, 560, 450, 520], "b"), rows_of([560, 470, 520, 510], "s"))
+    # A level that is not decided yet but soon will be: one more block.
+    noisy = ([500.0, 530.0, 470.0, 510.0], [560.0, 540.0, 500.0, 600.0])
+    assert 4 < blocks_needed(ratio_interval(*noisy, paired=True), 0.03) <= 32
+    assert pair_needs_more(config, 12)(rows_of(noisy[0], "b"), rows_of(noisy[1], "s"))
