@@ -1,11 +1,11 @@
-"""Does the main job give the same answer every time? Runs its comparison several times and says.
+"""Does the main job give the same answer every time, and does it find the crossover of a real engine?
 
-    .venv/bin/python benchmarks/stability.py [--runs 3] [any option of python -m flows.demo]
+    .venv/bin/python benchmarks/stability.py [--runs 3] [--design alternate|sequential]
 
-Each run is a separate flow run of compare-local-llamacpp with the main job's defaults (or the
-options given), one after the other on this machine. Prints each run's answer (status,
-speculation off from, per-level verdicts), its time, and whether the answers agree.
-Nothing else should run on the machine meanwhile.
+Each run is a separate flow run of compare-local-llamacpp with the main job's defaults: a real
+llama.cpp server on this CPU, baseline against draft speculation, one after the other on this
+machine. Prints each run's answer (status, speculation off from, per-level verdicts with their
+blocks), its time, and whether the answers agree. Nothing else should run on the machine meanwhile.
 """
 
 from __future__ import annotations

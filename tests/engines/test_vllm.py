@@ -216,3 +216,32 @@ async def test_tune_speculation_on_vllm_gives_a_schedule_vllm_loads(vllm_python:
                             capture_output=True, text=True, timeout=300)
     assert loaded.returncode == 0, loaded.stderr[-3000:]
     assert json.loads(loaded.stdout.strip().splitlines()[-1]) == cfg["num_speculative_tokens_per_batch_size"]
+
+
+async def test_vllm_runs_the_per_batch_schedule_the_verify_stage_gives_it(vllm_python: str, hf_models: HFModels,
+                                                                          tmp_path: Path) -> None:
+    """The verify stage's server: the speculative profile started with a recommendation (K=3 for a running batch
+    of 1, off from 2), loaded and run by vLLM itself: it drafts alone and stops drafting once batched."""
+    from specsweep import engines
+    from specsweep.analysis.compare import off_starts
+    from specsweep.engines.base import with_setting
+
+    port = free_port()
+    spec_profile = settings(hf_models, vllm_python, port).profile("speculative")
+    speculation = engines.speculation_of(spec_profile.masked_command(), "vllm")
+    assert speculation is not None
+    setting = engines.per_batch_setting(speculation, off_starts(3, 2), 3)
+    assert setting is not None
+    profile = with_setting(spec_profile, setting)
+    results = tmp_path / "results"
+    state = await benchmark_config(profile, return_state=True, benchmark=BenchmarkSettings(
+        results=str(results), workload=WorkloadConfig(input_len=16, output_len=32),
+        sweep=SweepConfig(concurrency=[1, 4], num_requests=8, warmup_requests=1, requests_per_slot=4)))
+    assert state.is_completed(), state.message
+    assert pids_with_marker(port) == [] and vllm_pids(hf_models) == []
+    levels = pd.read_parquet(results / "levels").set_index("concurrency")
+    assert '"num_speculative_tokens_per_batch_size":[[1,1,3],[2,4096,0]]' in ResultsStore(results).runs()["command"][0]
+    drafted = levels["spec_draft_tokens"].fillna(0) / levels["output_tokens_total"]
+    # Alone, it drafts 3 tokens per step (a step emits 1-4 tokens); at 4 in flight only the drain's last
+    # request runs alone.
+    assert drafted[1] > 0.5 and drafted[4] < 0.5 * drafted[1], drafted
