@@ -11,7 +11,9 @@ For targets of several sizes (generated the way the main job's are: the draft is
 block, so acceptance stays alike) the baseline and the speculative llama.cpp servers run side by side
 and the script measures blocks in turn (paired) at each level. Per target it prints the weights'
 size against L3, the baseline's rate and the memory traffic it implies (weights read per token), the
-speculative rate, the paired ratio with its 95 % interval, and the acceptance. Nothing else should
+speculative rate, the paired ratio with its 95 % interval and the product's verdict on it (margin
+3 %), and the acceptance. With ``--threads 2`` the 40M target shows a real crossover: faster alone,
+no gain at 8 in flight. Nothing else should
 run on the machine meanwhile: llama.cpp's threads busy-wait.
 """
 
@@ -28,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from specsweep.analysis.stats import ratio_interval  # noqa: E402
+from specsweep.analysis.stats import ratio_interval, verdict  # noqa: E402
 from specsweep.bench.config import SweepConfig, WorkloadConfig  # noqa: E402
 from specsweep.engines.llamacpp import baseline as baseline_profile  # noqa: E402
 from specsweep.engines.llamacpp import speculative as speculative_profile  # noqa: E402
@@ -100,7 +102,7 @@ async def measure(spec: ModelSpec, folder: Path, args: argparse.Namespace, store
             mb = files.target.stat().st_size / 1e6
             lines.append(f"{files.target_params / 1e6:>6.0f}M {mb:>8.0f} {c:>3} {statistics.median(base):>10.1f} "
                          f"{statistics.median(base) * mb / 1e3:>9.1f} {statistics.median(spec_):>10.1f} "
-                         f"{iv.ratio:>6.2f} [{iv.low:.2f}, {iv.high:.2f}] {acc:>7.0%}")
+                         f"{iv.ratio:>6.2f} [{iv.low:.2f}, {iv.high:.2f}] {verdict(iv, 0.03):>12} {acc:>7.0%}")
         return lines
     finally:
         for profile, handle in handles:
@@ -120,7 +122,7 @@ async def main() -> None:
     l3 = l3_bytes()
     print(f"L3 cache (one core's view): {l3 / (1 << 20):.0f} MiB" if l3 else "L3 cache: unknown")
     print(f"{'target':>7} {'MB f16':>8} {'C':>3} {'base tok/s':>10} {'GB/s read':>9} {'spec tok/s':>10} "
-          f"{'ratio [95 % interval]':>21} {'accept':>7}")
+          f"{'ratio [95 % interval]':>21} {'verdict':>12} {'accept':>7}")
     with tempfile.TemporaryDirectory() as tmp:
         store = ResultsStore(Path(tmp) / "results")
         for name in args.targets.split(","):

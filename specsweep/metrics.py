@@ -204,6 +204,33 @@ def outlier(value: float, others: Sequence[float]) -> str | None:
     return None
 
 
+#: A round of blocks in turn whose paired ratio lies this far (at least) from its level's other rounds' is set aside.
+ROUND_FLOOR = 1.10
+
+
+def outlier_round(ratios: Sequence[float]) -> tuple[int, str] | None:
+    """The round (index) whose paired ratio lies far outside its level's other rounds', and why; None when none
+    does. Each round is held against all the others (at least three), so a round measured early is judged too:
+    more than max(5 MADs, 10 %) from their median is a shift of the machine inside the round, which pairing
+    cannot cancel. Only the farthest round is named."""
+    if len(ratios) < OUTLIER_MIN_OTHERS + 1 or any(x <= 0 for x in ratios):
+        return None
+    logs = np.log(np.asarray(ratios, dtype=float))
+    worst: tuple[float, int, float] | None = None
+    for i in range(len(logs)):
+        others = np.delete(logs, i)
+        median = float(np.median(others))
+        spread = 1.4826 * float(np.median(np.abs(others - median)))
+        distance = abs(float(logs[i]) - median)
+        if distance > max(OUTLIER_MADS * spread, math.log(ROUND_FLOOR)) and (worst is None or distance > worst[0]):
+            worst = (distance, i, median)
+    if worst is None:
+        return None
+    _, i, median = worst
+    return i, (f"the ratio of its round ({ratios[i]:.3f}) lies {math.exp(abs(math.log(ratios[i]) - median)):.2f}x "
+               f"from its level's other rounds' ({math.exp(median):.3f}): the machine shifted inside the round")
+
+
 def level_metrics(records: Sequence[RequestRecord], concurrency: int | None = None) -> dict[str, Any]:
     """Every per-level figure, with units in the names."""
     measured = [r for r in records if not r.warmup]

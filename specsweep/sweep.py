@@ -400,11 +400,36 @@ async def run_in_turn(
             for arm in range(k):
                 out[arm].append(got[arm])
                 clean[arm].append(got[arm])
+            if await _set_aside_shifted_round(clean, out, set_asides):
+                aside += 1
+                if aside > MAX_SET_ASIDE:
+                    break
+                continue
             if not more(clean):
                 break
         if state.saturated_after(clean[0] or [r for r in out[0] if r.level_index == point.index]):
             break
     return out
+
+
+async def _set_aside_shifted_round(clean: list[list[LevelRow]], out: list[list[LevelRow]],
+                                   set_asides: Sequence[SetAside | None]) -> bool:
+    """Set aside the round whose paired ratio (each arm against the first) lies far outside the others'
+    (``metrics.outlier_round``): its rows leave ``clean``, are marked in ``out`` and stored. True if one was."""
+    for arm in range(1, len(clean)):
+        found = metrics.outlier_round([max(s.throughput, 1e-9) / max(b.throughput, 1e-9)
+                                       for b, s in zip(clean[0], clean[arm], strict=False)])
+        if found is None:
+            continue
+        index, why = found
+        for a in range(len(clean)):
+            row = clean[a].pop(index)
+            marked = row.model_copy(update={"disturbed": why})
+            out[a][next(i for i, r in enumerate(out[a]) if r is row)] = marked
+            if (store_it := set_asides[a]) is not None:
+                await store_it(marked)
+        return True
+    return False
 
 
 # -- the run's record ----------------------------------------------------------------------------

@@ -112,6 +112,35 @@ async def test_a_round_in_turn_with_a_disturbed_block_is_set_aside_whole() -> No
     assert s[1].disturbed == PAIRED_WITH_DISTURBED and b[1].disturbed and not s[0].disturbed
 
 
+async def test_a_round_the_machine_shifted_inside_is_set_aside_once_the_others_show_it() -> None:
+    # As measured on this machine at 8 in flight: the machine slows by a fifth between the two blocks of round 1
+    # (base 511 -> 418), so its paired ratio reads x1.21 while every other round reads about x0.96.
+    base_tps = [511, 418, 422, 435, 430, 428]
+    spec_tps = [505, 506, 403, 418, 412, 410]
+
+    async def base(level: Level) -> LevelRow:
+        return row(base_tps[level.repeat], level.repeat, name="b")
+
+    async def spec(level: Level) -> LevelRow:
+        return row(spec_tps[level.repeat], level.repeat, name="s")
+
+    stored: list[LevelRow] = []
+
+    async def keep(r: LevelRow) -> None:
+        stored.append(r)
+
+    b, s = await run_in_turn([Point(0, "concurrency", 8)], [base, spec], more=lambda clean: len(clean[0]) < 4,
+                             set_asides=[keep, keep])
+    assert [r.repeat for r in b if r.disturbed] == [1] and [r.repeat for r in s if r.disturbed] == [1]
+    assert "the machine shifted inside the round" in (s[1].disturbed or "") and len(stored) == 2
+    clean = [(x.throughput, y.throughput) for x, y in zip(b, s, strict=True) if not x.disturbed]
+    assert len(clean) == 4  # measured again until the level had its four rounds
+    interval = ratio_interval([x for x, _ in clean], [y for _, y in clean], paired=True)
+    assert interval.high is not None and interval.high < 1.0  # one shifted round no longer hides the answer
+    # Ordinary noise is not a shift: nothing is set aside.
+    assert metrics.outlier_round([0.95, 0.99, 1.02, 0.97, 1.01]) is None
+
+
 def test_the_noise_of_the_first_blocks_sizes_what_a_level_needs() -> None:
     quiet = ratio_interval([500, 502, 498, 501], [600, 603, 597, 602], paired=True)
     assert blocks_needed(quiet, 0.03) == 4  # x1.2 with 0.4 % noise: decided already

@@ -92,7 +92,7 @@ def _common(model: str, parallel: int, ctx: int, threads: int) -> list[str]:
 
 
 def baseline(
-    *, model_path: str | None = None, parallel: int = 8, ctx: int = 8192, threads: int = 1,
+    *, model_path: str | None = None, parallel: int = 8, ctx: int = 8192, threads: int = 2,
     port: int = DEFAULT_PORT, name: str = "llamacpp-baseline", layers: int | None = None,
 ) -> ServerProfile:
     """``layers``: of the generated target (the draft is its first block); default 8."""
@@ -102,7 +102,7 @@ def baseline(
 
 def speculative(
     *, model_path: str | None = None, draft_model_path: str | None = None, parallel: int = 8, ctx: int = 8192,
-    threads: int = 1, draft_max: int = 4, draft_min: int = 0, draft_p_min: float | None = None,
+    threads: int = 2, draft_max: int = 4, draft_min: int = 0, draft_p_min: float | None = None,
     port: int = DEFAULT_PORT, name: str = "llamacpp-speculative", layers: int | None = None,
 ) -> ServerProfile:
     model, draft = _models(model_path, draft_model_path, need_draft=True, layers=layers)
@@ -125,8 +125,10 @@ class LlamaCppSettings(EngineSettings):
     draft_model_path: str | None = Field(None, description="Draft GGUF; default the generated tiny draft.")
     parallel: int = Field(8, ge=1, le=256, description="Server slots (-np): the most requests decoded together.")
     ctx: int = Field(8192, ge=256, description="Total context (-c), shared by the slots.")
-    threads: int = Field(1, ge=1, le=256, description="CPU threads (-t). One on a 2-core machine: the client and "
-                         "Prefect need the other core; two busy-waiting threads make blocks vary by 10-40 %.")
+    threads: int = Field(2, ge=1, le=256, description="CPU threads (-t). On this 2-core machine: with one, drafting "
+                         "does not pay even alone (benchmarks/cache_fit.py --threads 1); with two it pays up to 4 in "
+                         "flight, and the client and Prefect take some of the cores (a round of blocks the machine "
+                         "shifted is set aside).")
     draft_max: int = Field(4, ge=1, le=64, description="Most tokens drafted per step (--spec-draft-n-max).")
     draft_min: int = Field(0, ge=0, le=64, description="Fewest tokens drafted per step (--spec-draft-n-min).")
     draft_p_min: float | None = Field(None, ge=0, le=1, description="Least probability of a drafted token "
