@@ -105,9 +105,12 @@ def blocks_needed(interval: RatioInterval, margin: float, *, most: int = 1000) -
 
 
 def _hopeful(interval: RatioInterval, config: DecisionConfig, num_requests: int) -> bool:
-    """The noise so far says the level can be decided within (a little more than) its budget."""
-    return math.isfinite(blocks_needed(interval, config.margin,
-                                       most=int(HOPELESS * config.max_blocks(num_requests))))
+    """The noise so far says the level can be decided within (a little more than) its budget. Asked only once
+    half the budget is spent: a few blocks' estimate of the noise (and of the ratio) is too rough to give up on."""
+    budget = config.max_blocks(num_requests)
+    if min(interval.blocks) < max(config.min_blocks, budget // 2):
+        return True
+    return math.isfinite(blocks_needed(interval, config.margin, most=int(HOPELESS * budget)))
 
 
 MoreForPair = Callable[[list[LevelRow], list[LevelRow]], bool]

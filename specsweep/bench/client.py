@@ -69,11 +69,17 @@ def _spread(total: int, n: int) -> list[int]:
     return [base + (1 if i < extra else 0) for i in range(n)]
 
 
+#: The longest SSE line (one event) and the most bytes of one streamed answer the client takes.
+MAX_EVENT = 1 << 20
+MAX_STREAM = 64 << 20
+
+
 class _Parser:
-    """Incremental SSE parser for one response."""
+    """Incremental SSE parser for one response: each byte is scanned for line ends once, a line is at most
+    MAX_EVENT and the whole answer at most MAX_STREAM bytes (a ProtocolError past either)."""
 
     __slots__ = ("endpoint", "rec", "buf", "done", "malformed", "usage_tokens", "running", "gen_text_len", "gen_tokens",
-                 "read_engine_fields")
+                 "read_engine_fields", "received")
 
     def __init__(self, endpoint: str, rec: RequestRecord, read_engine_fields: engines.EventReader) -> None:
         self.endpoint = endpoint
@@ -86,11 +92,21 @@ class _Parser:
         self.running: int | None = None  # last running completion_tokens seen
         self.gen_text_len = 0
         self.gen_tokens = 0
+        self.received = 0
 
     def feed(self, data: bytes, now: float) -> None:
-        buf = self.buf + data
-        lines = buf.split(b"\n")
+        self.received += len(data)
+        if self.received > MAX_STREAM:
+            raise ProtocolError(f"the streamed answer passed {MAX_STREAM >> 20} MiB")
+        if b"\n" not in data:  # the line goes on: only the new bytes are scanned
+            self.buf += data
+            if len(self.buf) > MAX_EVENT:
+                raise ProtocolError(f"an event line longer than {MAX_EVENT >> 10} KiB")
+            return
+        lines = (self.buf + data).split(b"\n")
         self.buf = lines.pop()
+        if len(self.buf) > MAX_EVENT or any(len(line) > MAX_EVENT for line in lines):
+            raise ProtocolError(f"an event line longer than {MAX_EVENT >> 10} KiB")
         for line in lines:
             if not line.startswith(b"data:"):
                 continue  # blank lines, comments (": ping"), event names

@@ -112,15 +112,11 @@ class SweepConfig(BaseModel):
         return rates
 
     def for_level(self, mode: str, value: float) -> SweepConfig:
-        """The sweep as one block of a level runs it: ``num_requests`` raised to C x ``requests_per_slot``, and
-        its warm-up to one request per slot (each slot the level uses has run once before the clock starts)."""
+        """The sweep as one block of a level runs it: ``num_requests`` raised to C x ``requests_per_slot``."""
         if mode != "concurrency" or self.duration_s is not None or not self.requests_per_slot:
             return self
-        c = int(value)
-        count, warm = max(self.num_requests, c * self.requests_per_slot), max(self.warmup_requests, c)
-        if (count, warm) == (self.num_requests, self.warmup_requests):
-            return self
-        return self.model_copy(update={"num_requests": count, "warmup_requests": warm})
+        count = max(self.num_requests, int(value) * self.requests_per_slot)
+        return self if count == self.num_requests else self.model_copy(update={"num_requests": count})
 
     def levels(self) -> list[tuple[str, float]]:
         """(mode, value) per level: ("concurrency", 8) or ("rate", 2.5)."""

@@ -38,6 +38,7 @@ CAUSES = {
     "oversized-headers": "headers longer than 64 KiB",
     "choices-not-list": "'choices' is not a list of objects",
     "invalid-utf8": "not valid UTF-8",
+    "endless-line": "an event line longer than 1024 KiB",  # not buffered without end, nor scanned again and again
 }
 
 

@@ -3,7 +3,7 @@ produces on demand.
 
     python -m tests.helpers.bad_server --port P --mode MODE
 
-Modes: bad-chunk-size, bad-status-line, oversized-headers, choices-not-list, invalid-utf8. The other
+Modes: bad-chunk-size, bad-status-line, oversized-headers, choices-not-list, invalid-utf8, endless-line. The other
 requests get a well-formed streamed completion of four tokens, so a level against it has both.
 """
 
@@ -39,6 +39,8 @@ def answer(mode: str) -> bytes:
         return b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-Filler-%d: %s\r\n" % (i, b"a" * 1000) for i in range(200))
     if mode == "choices-not-list":
         return HEAD + chunked(sse([json.dumps({"id": "x", "choices": {"text": "oops"}}).encode()] + good))
+    if mode == "endless-line":  # 32 MiB of one event that never ends its line
+        return HEAD + chunked(b"data: {\"id\": \"x\", \"choices\": [{\"text\": \"" + b"a" * (32 << 20))
     if mode == "invalid-utf8":
         return HEAD + chunked(sse([b'{"id": "x", "choices": [{"index": 0, "text": "\xff\xfe"}]}'] + good))
     raise SystemExit(f"unknown mode {mode}")
