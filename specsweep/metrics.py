@@ -204,14 +204,15 @@ def outlier(value: float, others: Sequence[float]) -> str | None:
     return None
 
 
-#: A round of blocks in turn whose paired ratio lies this far (at least) from its level's other rounds' is set aside.
-ROUND_FLOOR = 1.10
+#: A round of blocks in turn whose paired ratio lies this far (at least) from its level's other rounds' is set aside:
+#: well past ordinary noise between rounds here (8 % or so), as far as the shifts seen on this machine (a fifth).
+ROUND_FLOOR = 1.20
 
 
 def outlier_round(ratios: Sequence[float]) -> tuple[int, str] | None:
     """The round (index) whose paired ratio lies far outside its level's other rounds', and why; None when none
     does. Each round is held against all the others (at least three), so a round measured early is judged too:
-    more than max(5 MADs, 10 %) from their median is a shift of the machine inside the round, which pairing
+    more than max(5 MADs, 20 %) from their median is a shift of the machine inside the round, which pairing
     cannot cancel. Only the farthest round is named."""
     if len(ratios) < OUTLIER_MIN_OTHERS + 1 or any(x <= 0 for x in ratios):
         return None
