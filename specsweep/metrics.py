@@ -17,13 +17,16 @@ Definitions shared with the established serving benchmarks:
 A block is set aside as disturbed (kept, measured again) when the machine, not the server under test,
 shaped it: requests failed, the client's event loop stalled, or no token arrived for far longer than the
 level's own pace explains (``disturbance``); or, judged against its level's other blocks, its throughput
-lies far outside theirs (``outlier``).
+lies far outside theirs (``outlier``). A block's own disturbance met again when its level is measured again
+is the server's behaviour (a server that fails a share of its requests, or stalls, does so every time):
+from then on it counts (``own_cause``), unless none of its requests completed.
 Percentiles interpolate linearly (numpy's default), as the engines' own benchmarks do.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
@@ -166,6 +169,17 @@ def longest_gap(records: Sequence[RequestRecord]) -> tuple[float, float]:
     if not gaps:
         return 0.0, 0.0
     return max(gaps), float(np.median(gaps))
+
+
+#: The block's own disturbances (``disturbance``), by how their reasons start. Met again in a block measured
+#: again at the same level, such a cause is the server's behaviour, not the machine's: that block counts.
+OWN_CAUSES = {"failed": re.compile(r"\d+ request\(s\) failed"), "client": re.compile("the client's event loop"),
+              "stall": re.compile("no token arrived")}
+
+
+def own_cause(reason: str | None) -> str | None:
+    """The kind of a block's own disturbance; None for none, or for a judgement against other blocks."""
+    return next((kind for kind, start in OWN_CAUSES.items() if reason and start.match(reason)), None)
 
 
 def disturbance(run: LevelRun, figures: dict[str, Any]) -> str | None:

@@ -79,10 +79,6 @@ class ProfileParams(BaseModel):
         0.15, gt=0, le=60, description="Health polls start 50 ms apart and slow down to this interval (readiness "
         "is noticed within about half of it, on average)."
     )
-    log_path: str | None = Field(
-        None, description=f"Server log file on the host (absolute, or ~/...), in a directory of the SSH user's own "
-        f"that nobody else may write; default {DEFAULT_LOG_DIR}/<name>-<port>.log (created 0700)."
-    )
     cleanup_patterns: list[str] = Field(
         default_factory=list,
         description="Regular expressions that narrow the leftover kill before a start: of the processes specsweep "
@@ -104,7 +100,8 @@ class ProfileParams(BaseModel):
     kill_grace_s: float = Field(10.0, ge=0, le=600, description="Time between SIGTERM and SIGKILL.")
     gpu_memory_free_mib: int = Field(
         2048, ge=0,
-        description="After a kill, every visible GPU must use less than this many MiB (checked where nvidia-smi exists).",
+        description="After a kill, the killed processes must hold less than this many MiB of GPU memory together "
+        "(nvidia-smi's compute apps, where it exists); what other processes hold on the same GPUs is theirs.",
     )
     gpu_memory_timeout_s: float = Field(120.0, ge=0, le=3600, description="How long GPU memory may take to be released.")
 
@@ -144,13 +141,6 @@ class ProfileParams(BaseModel):
                                  "server's own processes, e.g. 'engine::'")
         return patterns
 
-    @field_validator("log_path")
-    @classmethod
-    def _log_path(cls, path: str | None) -> str | None:
-        if path is not None and not (path.startswith("/") or path.startswith("~/")):
-            raise ValueError(f"log_path {path!r} must be absolute or start with ~/ (the SSH user's home)")
-        return path
-
     @field_validator("health_path", "probe_path")
     @classmethod
     def _path(cls, path: str) -> str:
@@ -161,6 +151,11 @@ class ProfileParams(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _no_key_in_parameters(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("log_path"):
+            raise ValueError(f"log_path is not taken: each start logs to a fresh file of its own in {DEFAULT_LOG_DIR} on "
+                             "the host, private to the login (the run's log names it); leave log_path out")
+        if isinstance(data, dict) and "log_path" in data:  # null, as older saved profiles have it
+            data = {k: v for k, v in data.items() if k != "log_path"}
         return refuse_key_parameter(data, "a flow's profile") if cls is ProfileParams else data
 
 
@@ -176,9 +171,11 @@ class ServerProfile(ProfileParams):
 
     # -- derived values ---------------------------------------------------------------------
 
-    @property
-    def resolved_log_path(self) -> str:
-        return self.log_path or f"{DEFAULT_LOG_DIR}/{self.name}-{self.port}.log"
+    def log_file(self, token: str, attempt: int = 1) -> str:
+        """Where one start logs on the host: a fresh file in the login's private log folder (``~/...``); a start
+        sent again (its first answer lost) logs to its own file beside the first."""
+        again = f"-{attempt}" if attempt > 1 else ""
+        return f"{DEFAULT_LOG_DIR}/{self.name}-{self.port}-{token[:12]}{again}.log"
 
     def launch_argv(self) -> list[str]:
         """argv with placeholders filled in. Plain replacement, so JSON arguments keep their braces."""
@@ -193,6 +190,14 @@ class ServerProfile(ProfileParams):
                 arg = arg.replace(key, value)
             out.append(arg)
         return out
+
+    def env_names(self) -> dict[str, str]:
+        """Every environment name the profile sets for its server (values of secrets left out): the policy's
+        business."""
+        names = {**self.env, **dict.fromkeys(self.env_secrets, "")}
+        if self.api_key_env:
+            names[self.api_key_env] = ""
+        return names
 
     def launch_env(self, token: str = "") -> dict[str, str]:
         """The server's environment: the profile's, the API key where the engine reads it, the markers.

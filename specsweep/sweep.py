@@ -165,7 +165,8 @@ async def measure_level(
 
 
 async def set_aside(job: SweepJob, row: LevelRow) -> None:
-    """Store a block again, now set aside as disturbed (with its reason)."""
+    """Store a block again as judged: set aside as disturbed (with its reason), or counted after all (its
+    disturbance recurred: the server's)."""
     job.store.write_level_row(job.run_id, row.level.key, row)
 
 
@@ -282,9 +283,20 @@ class _Sweep:
         return row
 
     @staticmethod
-    async def judged(row: LevelRow, clean: list[LevelRow], set_aside: SetAside | None) -> LevelRow:
-        """The block, marked disturbed when its throughput lies far outside its level's other (clean) blocks; a
-        disturbed block (so marked, or by its own measurement) goes to ``set_aside`` (stored with its reason)."""
+    async def judged(row: LevelRow, level_rows: list[LevelRow], clean: list[LevelRow],
+                     set_aside: SetAside | None) -> LevelRow:
+        """The block judged against its level's earlier blocks (``level_rows``, the ``clean`` ones among them).
+        Its own disturbance (failures, a stall) met again after a block was set aside for it is the server's
+        behaviour, not the machine's: the block counts (stored so), unless no request of it completed (an
+        outage, or a server that answers nothing, has no throughput to count). Else it is marked disturbed when its
+        throughput lies far outside its level's clean blocks. A disturbed block goes to ``set_aside`` (stored
+        with its reason)."""
+        cause = metrics.own_cause(row.disturbed)
+        if cause is not None and row.completed and any(metrics.own_cause(r.disturbed) == cause for r in level_rows):
+            row = row.model_copy(update={"disturbed": None})
+            if set_aside is not None:
+                await set_aside(row)
+            return row
         if row.disturbed is None and (why := metrics.outlier(row.throughput, [r.throughput for r in clean])):
             row = row.model_copy(update={"disturbed": why})
         if row.disturbed is not None and set_aside is not None:
@@ -316,7 +328,8 @@ async def run_levels(
     ``more(point, rows)`` says whether a level needs another block (``repeats(n)`` for a fixed number); it
     sees only the blocks that count: a block the machine disturbed (``LevelRow.disturbed``; an outlier among
     its level's blocks is marked here and stored again by ``set_aside``) is kept and measured again, at most
-    MAX_SET_ASIDE times per level. ``check_server(when)`` runs after a block with failed requests and when
+    MAX_SET_ASIDE times per level; failures or a stall met again in the block measured again count (the
+    server's, not the machine's). ``check_server(when)`` runs after a block with failed requests and when
     ``measure`` raises: it raises if the server is gone (the sweep stops there, with the blocks before it
     kept).
     """
@@ -327,7 +340,7 @@ async def run_levels(
         clean: list[LevelRow] = []
         while True:
             row = await state.block(measure, point.block(len(level_rows)), check_server)
-            row = await state.judged(row, clean, set_aside)
+            row = await state.judged(row, level_rows, clean, set_aside)
             level_rows.append(row)
             rows.append(row)
             if on_level is not None:
@@ -375,6 +388,7 @@ async def run_in_turn(
     out: list[list[LevelRow]] = [[] for _ in range(k)]
     for n, point in enumerate(sweep, 1):
         clean: list[list[LevelRow]] = [[] for _ in range(k)]
+        level_rows: list[list[LevelRow]] = [[] for _ in range(k)]
         rounds = aside = 0
         while True:
             level = point.block(rounds)
@@ -382,7 +396,8 @@ async def run_in_turn(
             got: dict[int, LevelRow] = {}
             for arm in rotation(k, level.repeat):
                 row = await state.block(measures[arm], level, checks[arm])
-                got[arm] = await state.judged(row, clean[arm], set_asides[arm])
+                got[arm] = await state.judged(row, level_rows[arm], clean[arm], set_asides[arm])
+                level_rows[arm].append(got[arm])
                 if on_block is not None:
                     await on_block(got[arm], n, len(sweep))
             if any(r.disturbed is not None for r in got.values()):

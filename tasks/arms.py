@@ -80,7 +80,11 @@ class ServerArm:
         await self.config.progress(row, done, total)
 
     async def set_aside(self, row: LevelRow) -> None:
-        get_run_logger().warning("%s %s: set aside, measured again (%s)", self.name, row.level, row.disturbed)
+        if row.disturbed is None:
+            get_run_logger().info("%s %s: counted after all: what set its level's earlier block aside happened again, "
+                                  "so it is the server's behaviour", self.name, row.level)
+        else:
+            get_run_logger().warning("%s %s: set aside, measured again (%s)", self.name, row.level, row.disturbed)
         await set_aside(self.config.job, row)
 
     def on_saturation(self) -> None:

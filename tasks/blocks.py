@@ -22,6 +22,7 @@ from prefect.blocks.core import Block
 from prefect.blocks.system import Secret
 from pydantic import Field, SecretStr
 
+from specsweep import policy
 from specsweep.errors import ConfigError
 from specsweep.hosts.config import HostConfig, SSHEndpoint, SSHLogin
 from specsweep.profiles import ProfileParams, ServerProfile
@@ -72,10 +73,6 @@ class SSHHostBlock(Block):
     jump_port: int = Field(22, ge=1, le=65535, description="Jump host SSH port.")
     jump_user: str | None = Field(None, description="Login name on the jump host; default the same user.")
     http_address: str | None = Field(None, description="Address the benchmark client uses to reach the server port.")
-    allowed_commands: list[str] | None = Field(
-        None, description="Commands servers may be started with on this host (the first arguments of a launch "
-        "command, e.g. '/opt/engine/bin/python -m engine.server'); anything else is refused before it runs. "
-        "Empty: any command, so whoever can create flow runs can run any command here.")
 
     def _known_hosts(self) -> Path | None:
         """The block's known_hosts lines (and those of its known_hosts_path file) as one file."""
@@ -99,17 +96,23 @@ class SSHHostBlock(Block):
         address = named_by.http_address if named_by and named_by.http_address else self.http_address
         kept = named_by.model_dump(include={"traffic", "load_generator", "host_python"}) \
             if named_by else {}
-        return HostConfig(kind="ssh", ssh=target, jump=jump, http_address=address, allowed_commands=self.allowed_commands,
-                          **kept)
+        return HostConfig(kind="ssh", ssh=target, jump=jump, http_address=address, **kept)
 
 
 def check_allowed(host: HostConfig, profiles: list[ServerProfile]) -> None:
-    """Before anything runs: every profile's command is one the host allows (its block's allow-list),
-    and so is the on-host load generator's interpreter."""
+    """Before anything runs: the worker's policy (``specsweep.policy``, read on the worker) allows the host (and
+    its jump host), every profile's command, environment names and working directory, and the on-host load
+    generator's interpreter."""
+    rules = policy.load()
+    rules.check_host("local" if host.kind == "local" or host.ssh is None else host.ssh.hostname, "host")
+    if host.jump is not None:
+        rules.check_host(host.jump.hostname, "host.jump")
     for i, profile in enumerate(profiles):
-        host.check_command(profile.argv, profile.env, f"profiles[{i}]" if len(profiles) > 1 else "profile")
+        rules.check_launch(profile.argv, profile.env_names(), profile.cwd,
+                           f"profiles[{i}]" if len(profiles) > 1 else "profile")
     if host.load_generator == "host":
-        host.check_command([host.host_python, "-I", "-m", "specsweep.bench.remote"], {}, "host.host_python")
+        rules.check_launch([host.host_python, "-I", "-m", "specsweep.bench.remote"], {}, None, "host",
+                           argv_field="host.host_python")
 
 
 def resolve_host(host: HostConfig) -> HostConfig:
@@ -229,8 +232,10 @@ class ResultsBlock(Block):
 
 
 async def aresolve_results(results: str, results_block: str | None) -> ResultsLocation:
-    """The results location of a run: the named block's, else the path or URL parameter."""
+    """The results location of a run: the named block's, else the path or URL parameter (inside a root the
+    worker's policy names)."""
     if not results_block:
+        policy.load().check_results(results, "benchmark.results")
         return ResultsLocation(url=results)
     try:
         block: object = await ResultsBlock.aload(results_block)

@@ -137,11 +137,11 @@ async def prepare_run(profiles: Sequence[ProfileParams], host: HostConfig, bench
     for f, p in zip(fields, profiles, strict=True):
         engines.check_name(p.engine, f"{f}.engine")
     servers = [await aresolve_profile(p, f) for f, p in zip(fields, profiles, strict=True)]
+    resolved = await aresolve_host(host)
+    check_allowed(resolved, servers)
     store = ResultsStore(await aresolve_results(benchmark.results, benchmark.results_block))
     store.check_writable()
     check_source(benchmark.workload)
-    resolved = await aresolve_host(host)
-    check_allowed(resolved, servers)
     return Run(benchmark, request, store, resolved, host.block, servers, decision)
 
 

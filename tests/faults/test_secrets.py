@@ -15,7 +15,7 @@ from flows.benchmark_config import benchmark_config
 from flows.server_lifecycle import server_lifecycle
 from specsweep.engines.sglang import baseline as sglang_baseline
 from tests.conftest import pids_with_marker, toy_profile
-from tests.helpers.logs import flow_logs
+from tests.helpers.logs import flow_logs, server_log
 from tests.helpers.sshd import SSHServer, free_port
 from tests.tasks.test_blocks import make_block
 
@@ -42,7 +42,7 @@ async def test_nothing_a_run_leaves_shows_the_ssh_key_or_the_api_key(
     # which it prints into its log (forwarded into the run log line by line).
     profile = sglang_baseline("/models/kimi", simulate=True, sim_profile="tiny-fast", sim_startup_s=0.3, port=port,
                               host="127.0.0.1", extra_args=["--api-key", "{api_key}", "--admin-api-key", "{api_key}"])
-    profile = profile.model_copy(update={"api_key_secret": "engine-key", "log_path": str(tmp_path / "server.log")})
+    profile = profile.model_copy(update={"api_key_secret": "engine-key"})
     results = tmp_path / "results"
     state = await benchmark_config(
         profile=profile, host={"block": "loopback-gpu"}, return_state=True,  # type: ignore[arg-type]
@@ -53,7 +53,7 @@ async def test_nothing_a_run_leaves_shows_the_ssh_key_or_the_api_key(
     result = await state.result()
     assert result.levels[0].completed == 6  # the key reached the server: it accepted the requests
     assert pids_with_marker(port) == []
-    assert API_KEY in (tmp_path / "server.log").read_text()  # the server itself did print it
+    assert API_KEY in server_log(profile.name, port).read_text()  # the server itself did print it
 
     flow_run_id = state.state_details.flow_run_id
     logs = await flow_logs(flow_run_id)
@@ -102,7 +102,7 @@ async def test_secret_environment_reaches_the_server_and_nowhere_else(tmp_path: 
     profile = toy_profile(tmp_path, "--print-env", "HF_TOKEN", port=port, env_secrets={"HF_TOKEN": "hf-token"})
     state = await server_lifecycle(profile=profile.as_parameters(), return_state=True)  # type: ignore[arg-type]
     assert state.is_completed(), state.message
-    assert f"HF_TOKEN={token}" in Path(profile.resolved_log_path).read_text()  # the server had it
+    assert f"HF_TOKEN={token}" in server_log(profile.name, port).read_text()  # the server had it
     logs = await flow_logs(state.state_details.flow_run_id)
     assert any("[server] HF_TOKEN=" in m for m in logs)
     async with get_client() as client:

@@ -113,7 +113,7 @@ def sim_pair(port: int, tmp_path: Path) -> tuple[ServerProfile, ServerProfile]:
     common = dict(port=port, simulate=True, sim_profile="tiny-fast", sim_startup_s=0.3, tp=8)
     base = sglang_baseline("/models/kimi", **common)  # type: ignore[arg-type]  # binds 127.0.0.1: SGLang's default
     spec = sglang_eagle3("/models/kimi", "/models/eagle3", **common)  # type: ignore[arg-type]
-    return tuple(p.model_copy(update={"startup_timeout_s": 60.0, "log_path": str(tmp_path / f"{p.name}.log")})
+    return tuple(p.model_copy(update={"startup_timeout_s": 60.0})
                  for p in (base, spec))  # type: ignore[return-value]
 
 

@@ -103,7 +103,9 @@ async def test_retry_like_the_ui_reuses_finished_levels(tmp_path: Path) -> None:
         assert failed.state.name == "Failed", failed.state
         assert once.exists() and pids_with_marker(port) == []
         first_files = {p.name: p.stat().st_mtime_ns for p in (results / "levels").glob("*/*.parquet")}
-        assert len(first_files) == 2  # levels 1 and 2 were written before the failure
+        # Levels 1 and 2 were written before the failure (a block the loaded machine disturbed is set aside and
+        # measured again, which moves the server's death by a block: more blocks, never fewer).
+        assert len(first_files) >= 2
 
         async with get_client() as client:
             await client.set_flow_run_state(run.id, Scheduled(name="AwaitingRetry"), force=True)
@@ -117,17 +119,15 @@ async def test_retry_like_the_ui_reuses_finished_levels(tmp_path: Path) -> None:
     for tr in task_runs:
         if tr.name.startswith("benchmark "):
             bench.setdefault(tr.name, []).append(tr.state.name)
-    assert sorted(bench) == ["benchmark sglang-baseline C=1 #0", "benchmark sglang-baseline C=2 #0",
-                             "benchmark sglang-baseline C=4 #0"]
-    # Levels 1 and 2: measured once, then taken from the store on the retry (its files untouched, below).
-    assert bench["benchmark sglang-baseline C=1 #0"] == ["Completed", "Completed"], bench
-    assert bench["benchmark sglang-baseline C=2 #0"] == ["Completed", "Completed"], bench
+    # The blocks measured on the first try: measured once, then taken from the store on the retry (their files
+    # untouched, below); the rest measured on the retry.
+    kept = [name for name, states in bench.items() if states == ["Completed", "Completed"]]
+    assert "benchmark sglang-baseline C=1 #0" in kept and len(kept) == len(first_files), bench
+    stored = pd.read_parquet(results / "levels")
+    assert sorted(stored.loc[stored["disturbed"].isna(), "concurrency"]) == [1, 2, 4]
     assert not (results / ".prefect-results").exists()  # nothing pickled under the results root
-    # Level 3: measured on the retry. (On the first try it failed at its warm-up, or never
-    # started: when the dying server's last answer fails, the sweep stops right after level 2.)
-    assert sorted(bench["benchmark sglang-baseline C=4 #0"]) in (["Completed"], ["Completed", "Failed"]), bench
     files = {p.name: p.stat().st_mtime_ns for p in (results / "levels").glob("*/*.parquet")}
-    assert len(files) == 3
+    assert len(files) == len(pd.read_parquet(results / "levels")) > len(first_files)
     assert all(files[name] == mtime for name, mtime in first_files.items())  # not measured again
     assert pids_with_marker(port) == []
 
@@ -314,6 +314,7 @@ async def test_alternate_design_takes_blocks_in_turn(alternate_by: str, tmp_path
         assert runs.loc["sglang-eagle3", "base_url"].endswith(f":{port + 1}")  # its own port, beside the baseline
         assert started == 1
     else:
-        assert started == comp.levels[0].blocks[1] + comp.levels[1].blocks[1]  # started for each of its blocks
+        # Started for each of its blocks, those set aside as disturbed (and measured again) included.
+        assert started == sum(lv.blocks[1] + lv.set_aside[1] for lv in comp.levels)
         assert logs.count("sglang-eagle3 warmed up with") == started
     assert pids_with_marker(port) == [] and pids_with_marker(port + 1) == []

@@ -68,13 +68,15 @@ async def test_a_block_the_engine_stalls_is_set_aside_kept_and_measured_again(tm
                                       decision=IN_TURN.model_copy(update={"min_blocks": 3}))
     comp = (await state.result()).comparison
     lv = comp.levels[0]
-    assert lv.set_aside == (1, 1), lv  # the stalled block and the baseline's block of the same round
+    # The stalled block and the baseline's block of the same round (and any other round the loaded machine
+    # disturbed: the suite runs four tests at once on two cores).
+    assert lv.set_aside[0] == lv.set_aside[1] >= 1, lv
     assert lv.verdict == "faster" and lv.ratio_low is not None and lv.ratio_low > 1.0  # the interval stays useful
     levels = pd.read_parquet(results / "levels")
     aside = levels[levels["disturbed"].notna()]
-    assert len(aside) == 2 and len(levels) == sum(lv.blocks) + 2  # nothing measured is lost
-    stalled = aside[aside["config_name"] == "sglang-eagle3"]["disturbed"].iloc[0]
-    assert stalled.startswith("no token arrived for 1.5"), stalled
+    assert len(aside) == sum(lv.set_aside) and len(levels) == sum(lv.blocks) + sum(lv.set_aside)  # nothing lost
+    reasons = list(aside[aside["config_name"] == "sglang-eagle3"]["disturbed"])
+    assert any(r.startswith("no token arrived for 1.5") for r in reasons), reasons
     assert "measured in turn with a block that was set aside" in set(aside["disturbed"])
     assert any("Blocks set aside as disturbed" in n for n in comp.notes)
     logs = "\n".join(await flow_logs(state.state_details.flow_run_id))
@@ -86,7 +88,8 @@ async def test_verify_runs_the_recommended_adaptive_file_against_both_fixed_poli
     base, spec = sim_pair(port, "tiny-fast")
     results = tmp_path / "results"
     state = await compare_speculation(base, spec, benchmark=settings(results, [1, 16]), return_state=True,
-                                      decision=IN_TURN.model_copy(update={"verify": True, "min_blocks": 3}))
+                                      decision=IN_TURN.model_copy(update={"verify": True, "min_blocks": 3,
+                                                                              "max_requests_per_level": 240}))
     comp = (await state.result()).comparison
     assert comp.recommendation.speculation_off_from == 16
     v = comp.verification

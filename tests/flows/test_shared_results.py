@@ -59,7 +59,8 @@ async def test_comparison_writes_to_s3_and_its_artifacts_link_there(s3: S3Server
     assert not (Path.cwd() / "data" / "results" / "reports" / f"{result.baseline.run_id}--{result.speculative.run_id}").exists()
     # Read back as a user on any machine would: pyarrow (or pandas) on the bucket.
     levels = pq.read_table("specsweep-results/compare/levels", filesystem=s3.filesystem()).to_pandas()
-    assert set(levels["concurrency"]) == {1, 4} and len(levels) == sum(sum(lv.blocks) for lv in result.comparison.levels)
+    assert set(levels["concurrency"]) == {1, 4} and len(levels) == sum(sum(lv.blocks) + sum(lv.set_aside)
+                                                                    for lv in result.comparison.levels)
     async with get_client() as client:
         arts = await client.read_artifacts(artifact_filter=ArtifactFilter(
             flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id])))
@@ -97,7 +98,8 @@ async def test_a_retry_on_another_worker_reuses_the_levels_that_finished(s3: S3S
         run = await run_deployment("benchmark-config/shared-retry", parameters=params, timeout=0)
         failed = await wait_for_state(run.id, {"Failed", "Completed", "Crashed"})
         assert failed.state is not None and failed.state.name == "Failed", failed.state
-    assert len(s3.keys("retry/levels")) == 2
+    first = s3.keys("retry/levels")
+    assert len(first) >= 2  # levels 1 and 2 (and any block set aside as disturbed, measured again)
     with serving("flows.benchmark_config", "benchmark_config", "shared-retry", env=worker("b")):
         async with get_client() as client:
             await client.set_flow_run_state(run.id, Scheduled(name="AwaitingRetry"), force=True)
@@ -109,15 +111,17 @@ async def test_a_retry_on_another_worker_reuses_the_levels_that_finished(s3: S3S
     for tr in task_runs:
         if tr.name.startswith("benchmark ") and tr.state is not None:
             states.setdefault(tr.name, []).append(tr.state.name)
-    assert states["benchmark sglang-baseline C=1 #0"] == ["Completed", "Completed"], states
-    assert states["benchmark sglang-baseline C=2 #0"] == ["Completed", "Completed"], states
+    kept = [name for name, st in states.items() if st == ["Completed", "Completed"]]
+    assert "benchmark sglang-baseline C=1 #0" in kept and len(kept) == len(first), states
     # B could not read A's disk (each has its own Prefect home): the levels it kept are the ones in the
     # bucket, read back as data (nothing of Prefect's pickled results is written or read).
     assert s3.keys("retry/.prefect-results") == []
     logs = "\n".join(await flow_logs(run.id))
-    assert logs.count("measured in an earlier try of this flow run: kept") == 2, logs
+    assert logs.count("measured in an earlier try of this flow run: kept") == len(first), logs
     store = ResultsStore(ResultsLocation(url=s3.url("retry"), endpoint_url=s3.endpoint, region=REGION,
                                          access_key_id=ACCESS_KEY,  # type: ignore[arg-type]
                                          secret_access_key=SECRET_KEY))  # type: ignore[arg-type]
-    assert len(store.levels()) == 3 and set(store.runs()["status"]) == {"completed"}
+    levels = store.levels()
+    assert sorted(levels.loc[levels["disturbed"].isna(), "concurrency"]) == [1, 2, 4]
+    assert set(store.runs()["status"]) == {"completed"}
     assert pids_with_marker(port) == []

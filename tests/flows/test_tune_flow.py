@@ -141,7 +141,7 @@ async def test_sglang_grid_on_the_simulator_retried_like_the_ui_then_its_file_tr
         assert details["spec_num_proposed_drafts"] == 3 * details["spec_verify_ct"]
         from specsweep.engines.sglang.sim.server import read_adaptive_config
 
-        assert read_adaptive_config(json.dumps(adaptive)) == {1: [3], 4: [1], 16: [0]}
+        assert read_adaptive_config(json.dumps(adaptive)) == {1: [3], 2: [1], 5: [0]}
 
 
 @pytest.mark.solo  # llama.cpp's threads busy-wait: beside other tests its levels take ten times as long

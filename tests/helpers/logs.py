@@ -3,12 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from pathlib import Path
 from typing import Any
 
 from prefect.client.orchestration import PrefectClient, get_client
 from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
 PAGE = 200  # the API's default page size
+
+
+def server_log(name: str, port: int, timeout: float = 0.0) -> Path:
+    """The newest log of a server started for this name and port (each start logs to a fresh file in
+    ~/.specsweep/logs of the login: the tests' hosts all share this machine's home), waiting up to
+    ``timeout`` seconds for one to appear."""
+    folder = Path.home() / ".specsweep" / "logs"
+    deadline = time.monotonic() + timeout
+    while True:
+        found = sorted(folder.glob(f"{name}-{port}-*.log"), key=lambda p: p.stat().st_mtime)
+        if found or time.monotonic() >= deadline:
+            assert found, f"no log of {name} on port {port} in {folder}"
+            return found[-1]
+        time.sleep(0.05)
 
 
 async def read_all_logs(client: PrefectClient, flow_run_id: Any) -> list[str]:

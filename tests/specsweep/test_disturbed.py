@@ -91,11 +91,23 @@ async def test_a_disturbed_block_does_not_count_and_is_measured_again() -> None:
 
 
 async def test_a_level_the_machine_keeps_disturbing_ends_after_a_few_tries() -> None:
-    async def measure(level: Level) -> LevelRow:
-        return row(500, level.repeat, "3 request(s) failed")
+    async def measure(level: Level) -> LevelRow:  # three ordinary blocks, then the machine slows five-fold for good
+        return row(500 if level.repeat < 3 else 100, level.repeat)
 
     rows = await run_levels([Point(0, "concurrency", 4)], measure, more=repeats(4))
-    assert len(rows) == MAX_SET_ASIDE + 1 and all(r.disturbed for r in rows)
+    assert len(rows) == 3 + MAX_SET_ASIDE + 1 and not any(r.disturbed for r in rows[:3])
+    assert all("lies 5.00x from" in (r.disturbed or "") for r in rows[3:])
+
+
+async def test_failures_met_again_are_the_servers_and_count() -> None:
+    """A server that fails a share of its requests does so in every block: set aside once, then counted."""
+    async def measure(level: Level) -> LevelRow:
+        return row(500, level.repeat, "3 request(s) failed (HTTPStatus: 3)" if level.repeat != 2 else
+                   "no token arrived for 2.00 s")
+
+    rows = await run_levels([Point(0, "concurrency", 4)], measure, more=repeats(4))
+    # 0: failures, set aside; 1: failures again, counted; 2: a stall, set aside; 3-5: failures, counted.
+    assert [r.disturbed is None for r in rows] == [False, True, False, True, True, True]
 
 
 async def test_a_round_in_turn_with_a_disturbed_block_is_set_aside_whole() -> None:

@@ -30,6 +30,10 @@ RECORDED = """0, GPU-5f0c7d2e-91a4-3b6f-8e2d-4c1a9b7e6d50, 71324
 """
 
 
+# nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits on that host: the other user's job.
+APPS = "48213, 71320\n"
+
+
 def test_parser_reads_recorded_output() -> None:
     rows = parse_gpu_memory(RECORDED + "\n[N/A] garbage line\n")
     assert len(rows) == 8 and rows[0] == ("0", "GPU-5f0c7d2e-91a4-3b6f-8e2d-4c1a9b7e6d50", 71324)
@@ -53,10 +57,12 @@ def nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """nvidia-smi on PATH, answering the query with the memory figures in the returned file."""
     figures = tmp_path / "nvidia-smi.csv"
     figures.write_text(RECORDED)
+    (tmp_path / "compute-apps.csv").write_text(APPS)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     tool = bin_dir / "nvidia-smi"
-    tool.write_text(f"#!/bin/sh\ncat {figures}\n")
+    tool.write_text(f'#!/bin/sh\ncase "$1" in --query-compute-apps*) cat {tmp_path}/compute-apps.csv;; *) cat {figures};; '
+                    "esac\n")
     tool.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     return figures
@@ -76,14 +82,26 @@ async def test_another_users_busy_gpu_does_not_fail_the_kill(nvidia_smi: Path, m
     assert report.gpu_memory_used_mib == [0]  # GPU 1 only; GPU 0's 71 GB are someone else's
 
 
-async def test_the_servers_own_gpu_still_in_use_fails_the_kill(nvidia_smi: Path, make_toy: MakeToy) -> None:
+async def test_another_users_job_on_the_servers_own_gpu_does_not_fail_the_kill(nvidia_smi: Path,
+                                                                                make_toy: MakeToy) -> None:
     host = LocalHost()
     profile = make_toy(gpu_memory_timeout_s=1.0, env={"CUDA_VISIBLE_DEVICES": "0"})
     handle = start_server(host, profile)
     await wait_ready(host, profile, handle)
+    report = kill_server(host, profile, handle)  # GPU 0 is full, but of pid 48213's memory, not the server's
+    assert report.killed and report.gpu_memory_used_mib == [71324]
+
+
+async def test_memory_the_killed_server_still_holds_fails_the_kill(nvidia_smi: Path, make_toy: MakeToy) -> None:
+    host = LocalHost()
+    profile = make_toy(gpu_memory_timeout_s=1.0, env={"CUDA_VISIBLE_DEVICES": "0"})
+    handle = start_server(host, profile)
+    await wait_ready(host, profile, handle)
+    # As a CUDA context outliving its process for a while: nvidia-smi still lists the server's pid.
+    (nvidia_smi.parent / "compute-apps.csv").write_text(APPS + f"{handle.pid}, 2200\n")
     with pytest.raises(KillError) as err:
         kill_server(host, profile, handle)
-    assert "GPUs 0" in str(err.value) and "[71324] MiB" in str(err.value)
+    assert f"processes [{handle.pid}]" in str(err.value) and "still hold 2200 MiB" in str(err.value)
 
 
 def test_no_kill_no_gpu_check(nvidia_smi: Path, make_toy: MakeToy) -> None:

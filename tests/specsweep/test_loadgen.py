@@ -87,9 +87,12 @@ async def test_failures_are_rows_not_the_end_of_the_sweep(store: ResultsStore) -
         target = BenchTarget(base_url=url)
         rows = await run_sweep(target, WorkloadConfig(output_len=20), SweepConfig(concurrency=[2, 4], num_requests=30,
                                warmup_requests=0), store=store, run_id="f")
-    assert len(rows) == 2
+    # Each level's first block with failures is set aside and measured again; failing again, the failures are
+    # the server's: that block counts, with them.
+    assert [(r.concurrency, r.disturbed is None) for r in rows] == [(2, False), (2, True), (4, False), (4, True)]
+    assert all(r.failed and "request(s) failed" in (r.disturbed or "request(s) failed") for r in rows)
     reqs = store.requests(["f"])
-    assert len(reqs) == 60
+    assert len(reqs) == 120
     errors = set(reqs["error_type"].dropna())
     assert "HTTPStatus" in errors and ("CutOff" in errors or "ClientPayloadError" in errors or "ReadError" in errors)
     assert sum(r.failed for r in rows) == reqs["error_type"].notna().sum()

@@ -50,12 +50,12 @@ async def test_api_key_and_secret_env_are_not_on_any_command_line(host: LocalHos
 def test_a_start_whose_environment_was_cut_short_starts_nothing(host: LocalHost, tmp_path: Path) -> None:
     marker = "ssw-cut-short-7781"
     env = env_script({"SOME_SETTING": "x" * 100, "SPECSWEEP_SERVER_PORT": marker})
-    log = tmp_path / "logs" / "s.log"
-    argv = ["sh", "-c", _START_SCRIPT, "sh", str(log), "", "sleep", "300"]
+    argv = ["sh", "-c", _START_SCRIPT, "sh", f"~/.specsweep/logs/cut-short-{os.getpid()}.log", "", "sleep", "300"]
     result = host.run(argv, input=env[: len(env) - 12])
     assert result.exit_code == 95 and "did not arrive whole" in result.stderr
     time.sleep(0.2)
     assert pids_with_env("SPECSWEEP_SERVER_PORT", marker) == []
+    argv[4] = f"~/.specsweep/logs/cut-short-{os.getpid()}-whole.log"  # a log is always a new file
     whole = host.run(argv, input=env)
     try:
         assert whole.ok, whole.stderr
@@ -70,40 +70,64 @@ def test_a_start_whose_environment_was_cut_short_starts_nothing(host: LocalHost,
             os.kill(pid, 9)
 
 
-async def test_default_log_is_private_under_home(host: LocalHost, make_toy: MakeToy) -> None:
-    profile = make_toy(log_path=None, name="private-log")
-    handle = start_server(host, profile)
+async def test_each_start_logs_to_a_new_private_file_under_home(host: LocalHost, make_toy: MakeToy) -> None:
+    profile = make_toy(name="private-log")
+    handles = []
     try:
-        expected = Path.home() / ".specsweep" / "logs" / f"private-log-{profile.port}.log"
-        assert handle.log_path == str(expected)
-        assert stat.S_IMODE(expected.parent.stat().st_mode) == 0o700
-        assert stat.S_IMODE(expected.stat().st_mode) == 0o600
-        await wait_ready(host, profile, handle)
+        for _ in range(2):
+            handle = start_server(host, profile)
+            handles.append(handle)
+            log = Path(handle.log_path)
+            assert log.parent == Path.home() / ".specsweep" / "logs"
+            assert log.name.startswith(f"private-log-{profile.port}-") and handle.token[:12] in log.name
+            assert stat.S_IMODE(log.parent.stat().st_mode) == 0o700 and stat.S_IMODE(log.stat().st_mode) == 0o600
+            await wait_ready(host, profile, handle)
+            kill_server(host, profile, handle)
+        assert handles[0].log_path != handles[1].log_path and Path(handles[0].log_path).read_text()  # kept
     finally:
-        kill_server(host, profile, handle)
+        for handle in handles:
+            kill_server(host, profile, handle)
 
 
-@pytest.mark.parametrize("case", ["symlink", "writable-by-others", "another-users", "log-is-a-symlink"])
-def test_a_log_directory_that_is_not_private_is_refused(host: LocalHost, make_toy: MakeToy, tmp_path: Path,
-                                                        case: str) -> None:
+def test_a_log_path_parameter_is_refused_naming_where_logs_go(make_toy: MakeToy) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="log_path is not taken: each start logs to a fresh file"):
+        make_toy(log_path="~/.bashrc")
+
+
+@pytest.mark.parametrize("case", ["logs-symlink", "specsweep-symlink", "writable-by-others", "another-users",
+                                  "planted-at-its-name"])
+def test_a_log_folder_that_is_not_private_or_a_planted_log_is_refused(
+        host: LocalHost, make_toy: MakeToy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    monkeypatch.setenv("HOME", str(home))  # the start script's login home
     target = tmp_path / "elsewhere"
     target.mkdir(mode=0o700)
-    logs = tmp_path / "logs"
-    if case == "symlink":
-        logs.symlink_to(target)
-    elif case == "writable-by-others":
-        logs.mkdir()
-        logs.chmod(0o777)
-    elif case == "another-users":
-        info = ensure_user()
-        logs.mkdir(mode=0o700)
-        os.chown(logs, info.pw_uid, info.pw_gid)
+    bashrc = target / ".bashrc"
+    bashrc.write_text("# the user's own\n")
+    ours, logs = home / ".specsweep", home / ".specsweep" / "logs"
+    profile = make_toy()
+    token = "a1b2c3d4e5f6a7b8"
+    if case == "specsweep-symlink":
+        ours.symlink_to(target)
     else:
-        logs.mkdir(mode=0o700)
-        (logs / "server.log").symlink_to(target / "planted")
-    profile = make_toy(log_path=str(logs / "server.log"))
+        ours.mkdir(mode=0o700)
+        if case == "logs-symlink":
+            logs.symlink_to(target)
+        elif case == "writable-by-others":
+            logs.mkdir()
+            logs.chmod(0o777)
+        elif case == "another-users":
+            info = ensure_user()
+            logs.mkdir(mode=0o700)
+            os.chown(logs, info.pw_uid, info.pw_gid)
+        else:  # a link planted where this start's log will be: it is never followed, nor truncated
+            logs.mkdir(mode=0o700)
+            (logs / Path(profile.log_file(token)).name).symlink_to(bashrc)
     with pytest.raises(ServerStartError) as err:
-        start_server(host, profile)
-    assert "is not private" in str(err.value) and "log_path" in str(err.value)
-    assert not (target / "planted").exists()
+        start_server(host, profile, token=token)
+    assert "is not private" in str(err.value) and "~/.specsweep/logs" in str(err.value)
+    assert bashrc.read_text() == "# the user's own\n" and sorted(p.name for p in target.iterdir()) == [".bashrc"]
     assert not host.port_listening(profile.port)

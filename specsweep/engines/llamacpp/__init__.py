@@ -84,11 +84,11 @@ def _profile(name: str, argv: list[str], port: int) -> ServerProfile:
     })
 
 
-def _common(model: str, parallel: int, ctx: int, threads: int) -> list[str]:
+def _common(model: str, parallel: int, ctx: int, threads: int, poll: int = 0) -> list[str]:
     if parallel < 1 or threads < 1 or ctx < 256:
         raise ConfigError("parallel and threads must be at least 1 and ctx at least 256")
     return [*server_command(), "-m", model, "--host", "{host}", "--port", "{port}",
-            "-np", str(parallel), "-c", str(ctx), "-t", str(threads), "--metrics"]
+            "-np", str(parallel), "-c", str(ctx), "-t", str(threads), "--poll", str(poll), "--metrics"]
 
 
 def baseline(
@@ -155,6 +155,8 @@ class LlamaCppSettings(EngineSettings):
 class LlamaCpp(Engine):
     name = "llamacpp"
     label = "llama.cpp"
+    launch_modules = ("specsweep.engines.llamacpp.launcher",)
+    env_names = ("LLAMA_*",)
     settings = LlamaCppSettings
     grid_fields = {"draft_max": "dmax", "draft_min": "dmin", "draft_p_min": "pmin"}
     k_field = "draft_max"

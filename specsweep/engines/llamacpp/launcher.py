@@ -38,6 +38,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-tb", "--threads-batch", type=int, default=None)
     ap.add_argument("-b", "--batch-size", type=int, default=None)
+    ap.add_argument("--poll", type=int, default=50, choices=range(0, 101), metavar="0..100",
+                    help="how long threads poll for work before they sleep (0: never poll; llama-server's default 50)")
     ap.add_argument("-md", "--model-draft", default=None, help="draft model (GGUF)")
     ap.add_argument("--spec-type", choices=sorted(SPEC_TYPES), default="none")
     # llama-server's names for these, old and new.
@@ -66,6 +68,7 @@ def build_params(args: argparse.Namespace) -> Any:  # an xllamacpp.CommonParams 
     p.n_ctx = args.ctx_size
     p.cpuparams.n_threads = args.threads
     p.cpuparams_batch.n_threads = args.threads_batch or args.threads
+    p.cpuparams.poll = p.cpuparams_batch.poll = args.poll
     if args.batch_size:
         p.n_batch = args.batch_size
     p.cont_batching = True
@@ -78,6 +81,7 @@ def build_params(args: argparse.Namespace) -> Any:  # an xllamacpp.CommonParams 
         p.speculative.draft.mparams.path = args.model_draft
         p.speculative.draft.cpuparams.n_threads = args.threads
         p.speculative.draft.cpuparams_batch.n_threads = args.threads_batch or args.threads
+        p.speculative.draft.cpuparams.poll = p.speculative.draft.cpuparams_batch.poll = args.poll
         p.speculative.draft.n_max = args.spec_draft_n_max
         p.speculative.draft.n_min = args.spec_draft_n_min
         if args.spec_draft_p_min is not None:

@@ -223,6 +223,8 @@ def _sim_preset(kind: Kind) -> Preset:
 class SGLang(Engine):
     name = "sglang"
     label = "SGLang"
+    launch_modules = ("sglang.launch_server", "specsweep.engines.sglang.sim")
+    env_names = ("SGLANG_*",)
     settings = SGLangSettings
     grid_fields = {"num_steps": "steps", "eagle_topk": "topk", "num_draft_tokens": "draft"}
     k_field = "num_steps"

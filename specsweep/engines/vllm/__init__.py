@@ -208,6 +208,8 @@ def _preset(method: str | None) -> Preset:
 class VLLM(Engine):
     name = "vllm"
     label = "vLLM"
+    launch_modules = ("vllm.entrypoints.openai.api_server",)
+    env_names = ("VLLM_*",)
     settings = VLLMSettings
     grid_fields = {"num_speculative_tokens": "k"}
     k_field = "num_speculative_tokens"

@@ -267,9 +267,10 @@ class SimServer:
 
     def _finished_one(self) -> None:
         self.requests_finished += 1
-        if self.faults.die_after is not None and self.requests_finished >= self.faults.die_after:
+        if self.faults.die_after is not None and self.requests_finished == self.faults.die_after:
             log.error("fault: dying after %d requests", self.requests_finished)
-            fault_exit(1)
+            # Once this answer has left (a few ms on a local socket): whatever else is in flight is cut.
+            asyncio.get_running_loop().call_later(DIE_FLUSH_S, fault_exit, 1)
 
     # -- token production ---------------------------------------------------------------------
 
@@ -564,7 +565,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fault-crash-on-start", action="store_true", help="exit 1 while loading weights")
     ap.add_argument("--fault-never-healthy", action="store_true", help="/health answers 503 forever")
-    ap.add_argument("--fault-die-after", type=int, default=None, metavar="N", help="exit abruptly after N requests")
+    ap.add_argument("--fault-die-after", type=int, default=None, metavar="N",
+                    help="exit abruptly once the N-th request's answer has left")
     ap.add_argument("--fault-hang-after", type=int, default=None, metavar="N",
                     help="generation hangs after N requests; /health stays 200")
     ap.add_argument("--fault-error-rate", type=float, default=0.0, help="fraction of requests answered 500")
@@ -665,6 +667,10 @@ async def serve(args: argparse.Namespace, ignored: list[str]) -> None:
 
 
 _ONCE_FILE: str | None = None
+
+
+#: How long the dying fault lets the N-th answer leave before the process exits.
+DIE_FLUSH_S = 0.01
 
 
 def fault_exit(code: int) -> None:
