@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import time
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Annotated, Any, Optional  # noqa: UP035 - typer reads Optional
 
@@ -22,6 +23,7 @@ from specsweep import engines
 from specsweep.analysis.decision import DecisionConfig
 from specsweep.analysis.slo import SLO
 from specsweep.cli import app
+from specsweep.cli import server as server_cli
 from specsweep.cli.options import (
     Budget,
     Design,
@@ -43,6 +45,7 @@ from specsweep.engines.llamacpp import LlamaCppSettings
 from specsweep.engines.sglang import SGLangSettings
 from specsweep.engines.vllm import VLLMSettings
 from specsweep.errors import ConfigError, SpecsweepError
+from specsweep.hosts import Host
 from specsweep.parameters import LOCAL_BENCHMARK, LOCAL_DECISION, BenchmarkSettings
 from specsweep.profiles import describe_validation_error
 from specsweep.reports.tables import print_comparison, print_tuning
@@ -223,9 +226,17 @@ def tune(
     typer.echo(f"total time: {time.monotonic() - t0:.0f} s")
 
 
+def _machine_lock(host: Host, wait_s: float) -> AbstractContextManager[None]:
+    """`specsweep server start|kill` hold the machine as the flow runs do (Prefect loaded only for them)."""
+    from tasks.host import cli_lock
+
+    return cli_lock(host, wait_s)
+
+
 def main() -> None:
     # A temporary local Prefect server has no network to report usage to: do not try.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    server_cli.host_guard = _machine_lock
     app()
 
 

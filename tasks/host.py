@@ -1,57 +1,69 @@
 """A run's hold on its host: one benchmark per GPU host at a time, whoever started it, and the run's
 one connection to it.
 
-A Prefect global concurrency limit of 1 per host (``specsweep-host-<host>``, created when
-missing) is held from a run's first kill to its last. The slot is a lease renewed while
-the run lives; its id is also kept in a Prefect variable, so that the hooks of a run that
-was cancelled or killed outright (they run in another process) can give the host back at
-once instead of when the lease runs out.
+A Prefect global concurrency limit of 1 per machine (``specsweep-host-<digest of its identity>``,
+created when missing) is held from a run's first kill to its last. The machine is what the host is
+(``Host.identity``: its SSH host key, or this machine's id), not how it is spelled: ``gpu-01`` and
+``gpu-01.lab.example`` are one lock. ``specsweep server start|kill`` takes the same lock (``cli_lock``).
+The slot is a lease renewed while the run lives; its id is also kept in a Prefect variable, so that
+the hooks of a run that was cancelled or killed outright (they run in another process) can give the
+host back at once instead of when the lease runs out.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
-import socket
+import hashlib
+import logging
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from uuid import UUID
 
 from prefect import get_run_logger
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, VariableCreate
+from prefect.client.schemas.responses import GlobalConcurrencyLimitResponse
 from prefect.concurrency.asyncio import concurrency
 from prefect.concurrency.context import ConcurrencyContext
+from prefect.concurrency.sync import concurrency as sync_concurrency
 from prefect.context import FlowRunContext
 from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+from prefect.settings import PREFECT_API_URL
+from prefect.utilities.asyncutils import run_coro_as_sync
 
+from specsweep.errors import HostError
 from specsweep.hosts import Host, HostConfig, open_host
 from tasks.blocks import record_host_keys
 
 LOCK_LEASE_S = 60.0
+_log = logging.getLogger("specsweep.host")
 
 
-def lock_name(host: HostConfig) -> str:
-    label = socket.gethostname() if host.kind == "local" else host.label
-    return "specsweep-host-" + re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")
+def lock_name(identity: str) -> str:
+    """The lock of the machine ``identity`` (``Host.identity``) names."""
+    return "specsweep-host-" + hashlib.sha256(identity.encode()).hexdigest()[:16]
 
 
-@asynccontextmanager
-async def host_lock(host: HostConfig) -> AsyncIterator[None]:
-    """One benchmark per host at a time, whoever started it: a global concurrency limit of 1
-    per host (created when missing), held from the first kill to the last."""
-    logger = get_run_logger()
-    name = lock_name(host)
+async def _limit(name: str) -> GlobalConcurrencyLimitResponse:
     async with get_client() as client:
         try:
-            limit = await client.read_global_concurrency_limit_by_name(name)
+            return await client.read_global_concurrency_limit_by_name(name)
         except ObjectNotFound:
             try:
                 await client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
             except ObjectAlreadyExists:
                 pass
-            limit = await client.read_global_concurrency_limit_by_name(name)
+            return await client.read_global_concurrency_limit_by_name(name)
+
+
+@asynccontextmanager
+async def host_lock(host: Host) -> AsyncIterator[None]:
+    """One benchmark per machine at a time, whoever started it: a global concurrency limit of 1
+    per machine (created when missing), held from the first kill to the last."""
+    logger = get_run_logger()
+    name = lock_name(await asyncio.to_thread(host.identity))
+    limit = await _limit(name)
 
     async def announce_wait(after_s: float) -> None:
         # Said at once when the host is seen busy, else as soon as taking the slot takes a
@@ -126,21 +138,43 @@ def release_recorded_lease(flow_run_id: object) -> bool:
 
 @asynccontextmanager
 async def hold_host(config: HostConfig, block: str | None = None) -> AsyncIterator[Host]:
-    """The host held for this run (its lock, from the first kill to the last) and the run's one
+    """The host held for this run (its machine's lock, from the first kill to the last) and the run's one
     connection to it. Host keys it trusted by accept_unknown_host_key are kept in the ssh-host
     ``block`` it came from, for later runs to check against."""
-    async with host_lock(config):
-        logger = get_run_logger()
-        host = open_host(config, logger)
-        try:
+    logger = get_run_logger()
+    host = open_host(config, logger)
+    try:
+        async with host_lock(host):
             yield host
-        finally:
-            await asyncio.to_thread(host.close)
-            if block and (accepted := host.accepted_host_keys()):
-                try:
-                    added = await record_host_keys(block, accepted)
-                    if added:
-                        logger.warning("recorded %d host key(s) trusted this run in ssh-host block %s: later runs "
-                                       "check the host against them", len(added), block)
-                except Exception as exc:  # noqa: BLE001 - the run's work is done; say what was not kept
-                    logger.error("could not record the trusted host keys in ssh-host block %s: %s", block, exc)
+    finally:
+        await asyncio.to_thread(host.close)
+        if block and (accepted := host.accepted_host_keys()):
+            try:
+                added = await record_host_keys(block, accepted)
+                if added:
+                    logger.warning("recorded %d host key(s) trusted this run in ssh-host block %s: later runs "
+                                   "check the host against them", len(added), block)
+            except Exception as exc:  # noqa: BLE001 - the run's work is done; say what was not kept
+                logger.error("could not record the trusted host keys in ssh-host block %s: %s", block, exc)
+
+
+@contextmanager
+def cli_lock(host: Host, wait_s: float) -> Iterator[None]:
+    """For ``specsweep server start|kill``: the machine's lock, as the flow runs take it, held while the
+    command runs, when a Prefect server is configured (``PREFECT_API_URL``: the one the runs it must not
+    collide with report to). A run holding the machine makes the command wait ``wait_s``, then fail."""
+    if not PREFECT_API_URL.value():
+        _log.info("no Prefect server is configured (PREFECT_API_URL): %s is not locked against flow runs",
+                  host.label)
+        yield
+        return
+    name = lock_name(host.identity())
+    run_coro_as_sync(_limit(name))
+    try:
+        with sync_concurrency(name, occupy=1, strict=True, timeout_seconds=wait_s,
+                              lease_duration=LOCK_LEASE_S):
+            yield
+    except TimeoutError:
+        raise HostError(f"{host.label} is held by a benchmark run (lock {name}) and was not freed within "
+                        f"{wait_s:g} s: wait for the run to end (or cancel it in the Prefect UI), or give "
+                        "--lock-wait-s more time") from None

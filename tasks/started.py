@@ -14,6 +14,7 @@ from typing import Any
 
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import VariableCreate
+from prefect.client.schemas.objects import Variable
 from pydantic import BaseModel
 
 PREFIX = "specsweep-start-"
@@ -47,11 +48,24 @@ async def forget_start(flow_run: str, token: str) -> None:
         await client.delete_variable_by_name(_name(flow_run, token))
 
 
+#: Variables read per request (the API's own cap on a page is 200).
+PAGE = 200
+
+
 def recorded_starts(flow_run: object) -> list[StartRecord]:
-    """From a hook (sync; any process): the starts of ``flow_run`` whose servers may still run."""
+    """From a hook (sync; any process): the starts of ``flow_run`` whose servers may still run. Only the
+    variables named for this flow run are asked for, page after page: however many variables the server
+    holds, none of this run's is missed."""
     prefix = f"{PREFIX}{flow_run}-"
+    found: list[Variable] = []
     with get_client(sync_client=True) as client:
-        found = client.read_variables()
+        while True:
+            page = Variable.model_validate_list(client.request(
+                "POST", "/variables/filter",
+                json={"variables": {"name": {"like_": prefix}}, "offset": len(found), "limit": PAGE}).json())
+            found += page
+            if len(page) < PAGE:
+                break
     return [StartRecord.model_validate(v.value) for v in found if v.name.startswith(prefix) and isinstance(v.value, dict)]
 
 

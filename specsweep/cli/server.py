@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional  # noqa: UP035 - typer reads Optional
@@ -14,12 +17,28 @@ from specsweep import engines
 from specsweep.cli.app import app
 from specsweep.cli.options import HostFile, fail, host_config, setup_logging
 from specsweep.errors import ConfigError, SpecsweepError
-from specsweep.hosts import open_host
+from specsweep.hosts import Host, open_host
 from specsweep.hosts.tunnel import open_path
 from specsweep.profiles import load_profile
 from specsweep.server import lifecycle
 from specsweep.server.api import ServerAPI
 from specsweep.server.health import wait_for_health
+
+#: How ``server start|kill`` holds the machine against benchmark runs while it works: ``(host, wait_s)`` -> a
+#: context manager. The core holds nothing; the ``specsweep`` command (flows/cli.py) sets the runs' host lock.
+HostGuard = Callable[[Host, float], AbstractContextManager[None]]
+
+
+def _unguarded(host: Host, wait_s: float) -> AbstractContextManager[None]:
+    _log.warning("%s is not locked against benchmark runs (the core command has no Prefect): use `specsweep server`",
+                 host.label)
+    return nullcontext()
+
+
+host_guard: HostGuard = _unguarded
+
+
+_log = logging.getLogger("specsweep.cli")
 
 
 class Action(str, Enum):
@@ -61,7 +80,8 @@ def server(
     port: Annotated[Optional[int], typer.Option(help="Override the profile's port.")] = None,
     host: Annotated[Optional[str], typer.Option("--host", help="Override the profile's bind address.")] = None,
     name: Annotated[Optional[str], typer.Option(help="Override the profile's name.")] = None,
-    log_path: Annotated[Optional[str], typer.Option(help="Override the server log path on the host.")] = None,
+    lock_wait_s: Annotated[float, typer.Option(
+        help="start/kill: how long to wait for a machine a benchmark run holds before giving up.")] = 30.0,
     handle_file: Annotated[Optional[Path], typer.Option(
         help="Where start writes the server handle (JSON) and wait/kill read it.")] = None,
     kill_port_holder: Annotated[bool, typer.Option("--kill-port-holder",
@@ -72,7 +92,7 @@ def server(
     """Run one server lifecycle stage (start, wait or kill) with the same code the Prefect tasks use."""
     setup_logging()
     try:
-        prof = load_profile(profile, port=port, host=host, name=name, log_path=log_path)
+        prof = load_profile(profile, port=port, host=host, name=name)
         overrides: dict[str, Any] = {}
         if ssh:
             overrides.update(kind="ssh", ssh=_endpoint(ssh, ssh_key, known_hosts, accept_unknown_host_key))
@@ -84,11 +104,13 @@ def server(
         with open_host(cfg) as h:
             result: Any
             if action is Action.start:
-                result = lifecycle.start_server(h, prof, kill_port_holder=kill_port_holder)
+                with host_guard(h, lock_wait_s):
+                    result = lifecycle.start_server(h, prof, kill_port_holder=kill_port_holder)
                 if handle_file:
                     handle_file.write_text(result.model_dump_json(indent=2))
             elif action is Action.kill:
-                result = lifecycle.kill_server(h, prof, saved)
+                with host_guard(h, lock_wait_s):
+                    result = lifecycle.kill_server(h, prof, saved)
             else:
                 handle = saved or lifecycle.find_handle(h, prof)
                 if handle is None:

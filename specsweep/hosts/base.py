@@ -167,6 +167,11 @@ class Host(ABC):
     def close(self) -> None:  # noqa: B027 - hosts without connections have nothing to close
         pass
 
+    @abstractmethod
+    def identity(self) -> str:
+        """The machine itself, however it is spelled (``gpu-01`` or ``gpu-01.lab.example``, an address):
+        what one lock per machine is keyed on."""
+
     def secrets(self) -> list[str]:
         """Values that must never reach a log line (SSH keys and passphrases)."""
         return []

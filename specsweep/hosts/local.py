@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from specsweep.errors import CommandNotSentError, CommandOutcomeUnknown, HostError
 from specsweep.hosts.base import CommandResult, Host
@@ -16,6 +18,16 @@ class LocalHost(Host):
 
     def __init__(self, config: HostConfig | None = None) -> None:
         self.config = config or HostConfig()
+
+    def identity(self) -> str:
+        """This machine: its systemd machine id (its host name where it has none)."""
+        for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+            try:
+                if (mid := Path(path).read_text().strip()):
+                    return f"machine-id {mid}"
+            except OSError:
+                continue
+        return f"hostname {socket.gethostname()}"
 
     def run(
         self, argv: Sequence[str], *, timeout: float | None = 60.0, check: bool = False, retry: bool = True,

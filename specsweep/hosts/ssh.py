@@ -228,6 +228,12 @@ class SSHHost(Host):
             lines.append(f"{_known_name(ep)} {key.get_name()} {key.get_base64()}")
         return lines
 
+    def identity(self) -> str:
+        """The SSH server's host key (its fingerprint), as this connection verified it: one machine whatever
+        name or address reached it."""
+        key = self._transport().get_remote_server_key()
+        return f"ssh host key {key.get_name()} {_fingerprint(key)}"
+
     def accepted_host_keys(self) -> list[str]:
         """known_hosts lines of the keys this run trusted by accept_unknown_host_key (target and jump
         host apart), to record where later runs check against them."""

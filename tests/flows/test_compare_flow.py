@@ -237,13 +237,13 @@ async def test_flow_process_killed_outright_the_crash_hook_kills_the_server(tmp_
 
 async def assert_host_given_back() -> None:
     """The hooks gave the host back: the next run need not wait for the lease to run out."""
-    from specsweep.hosts.config import HostConfig
+    from specsweep.hosts import LocalHost
     from tasks.host import lock_name
 
     deadline = asyncio.get_running_loop().time() + 20
     async with get_client() as client:
         while True:
-            limit = await client.read_global_concurrency_limit_by_name(lock_name(HostConfig()))
+            limit = await client.read_global_concurrency_limit_by_name(lock_name(LocalHost().identity()))
             leases = [v.name for v in await client.read_variables() if v.name.startswith("specsweep-lease-")]
             if limit.active_slots == 0 and not leases:
                 return

@@ -83,6 +83,10 @@ async def test_a_block_the_engine_stalls_is_set_aside_kept_and_measured_again(tm
     assert "sglang-eagle3 C=1 #1: set aside, measured again (no token arrived for 1.5" in logs, logs
 
 
+# Alone on the machine (scripts/test.sh's second phase): "reaches" needs the three arms' ratio known within the 3 %
+# margin, which four tests at once on two cores blur past any budget (x1.06 and x1.00 stayed undetermined after 240
+# requests a level).
+@pytest.mark.solo
 async def test_verify_runs_the_recommended_adaptive_file_against_both_fixed_policies(tmp_path: Path) -> None:
     port = free_port(span=3)  # three servers side by side
     base, spec = sim_pair(port, "tiny-fast")
