@@ -17,9 +17,9 @@ Definitions shared with the established serving benchmarks:
 A block is set aside as disturbed (kept, measured again) when the machine, not the server under test,
 shaped it: requests failed, the client's event loop stalled, or no token arrived for far longer than the
 level's own pace explains (``disturbance``); or, judged against its level's other blocks, its throughput
-lies far outside theirs (``outlier``). A block's own disturbance met again when its level is measured again
-is the server's behaviour (a server that fails a share of its requests, or stalls, does so every time):
-from then on it counts (``own_cause``), unless none of its requests completed.
+lies far outside theirs (``outlier``). Failed requests met again when the level is measured again are the
+server's behaviour (a server that fails a share of its requests does so every time): from then on such a
+block counts (``THE_SERVERS_WHEN_MET_AGAIN``), unless none of its requests completed.
 Percentiles interpolate linearly (numpy's default), as the engines' own benchmarks do.
 """
 
@@ -171,10 +171,15 @@ def longest_gap(records: Sequence[RequestRecord]) -> tuple[float, float]:
     return max(gaps), float(np.median(gaps))
 
 
-#: The block's own disturbances (``disturbance``), by how their reasons start. Met again in a block measured
-#: again at the same level, such a cause is the server's behaviour, not the machine's: that block counts.
+#: The block's own disturbances (``disturbance``), by how their reasons start.
 OWN_CAUSES = {"failed": re.compile(r"\d+ request\(s\) failed"), "client": re.compile("the client's event loop"),
               "stall": re.compile("no token arrived")}
+
+
+#: Those that, met again in a block measured again at the same level, are the server's behaviour (a server that
+#: fails a share of its requests does so every time): that block counts. A stall or a client lag stays the
+#: machine's (on a loaded machine it comes back as often as it likes).
+THE_SERVERS_WHEN_MET_AGAIN = frozenset({"failed"})
 
 
 def own_cause(reason: str | None) -> str | None:

@@ -27,11 +27,13 @@ import sys
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from specsweep import engines
 from specsweep.errors import ConfigError
+from specsweep.redact import public_url
 
 POLICY_ENV = "SPECSWEEP_POLICY"
 DEFAULT_FILE = Path("~/.config/specsweep/policy.toml")
@@ -114,11 +116,16 @@ class Policy(BaseModel):
                                f"cwd: {self.cwd}")
 
     def check_results(self, root: str, what: str = "benchmark.results") -> None:
-        """A results root: a path or URL inside one the policy names (no '..' to climb out)."""
+        """A results root: a path or URL inside one the policy names (no '..' to climb out; a URL with no
+        credentials and no query, where options such as another endpoint would ride)."""
+        shown = public_url(root)
         if ".." in PurePosixPath(root.split("://", 1)[-1]).parts:
-            raise ConfigError(f"{what}: {root!r} climbs out of its folder ('..'): give the root itself")
+            raise ConfigError(f"{what}: {shown!r} climbs out of its folder ('..'): give the root itself")
+        if "://" in root and (urlsplit(root).query or urlsplit(root).fragment or "@" in urlsplit(root).netloc):
+            raise ConfigError(f"{what}: {shown!r} carries credentials or options in its URL: give the bare URL, and "
+                              "the store's endpoint and keys in a specsweep-results block (its Secret fields)")
         if not _inside(root, self.results):
-            raise self._refuse(what, f"{root!r} is not a results root this worker may write", f"results: "
+            raise self._refuse(what, f"{shown!r} is not a results root this worker may write", f"results: "
                                f"{self.results}")
 
 

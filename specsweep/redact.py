@@ -11,6 +11,7 @@ import logging
 import re
 from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 MASK = "***"
 
@@ -130,3 +131,12 @@ def refuse_key_parameter(data: Any, where: str) -> Any:
         f"api_key is not accepted in {where}: a flow parameter shows in the Prefect UI. Store the key in a "
         "Secret block (in the UI, or Secret(value=...).save(name)) and give its name in api_key_secret"
     )
+
+
+def public_url(url: str) -> str:
+    """``url`` as it may be shown: without ``user:password@`` (pyarrow and fsspec take them as credentials), its
+    query and its fragment (where options such as keys ride). A path (no '://') comes back as it is."""
+    if "://" not in url:
+        return url
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))

@@ -247,4 +247,6 @@ async def aresolve_results(results: str, results_block: str | None) -> ResultsLo
     if not isinstance(block, ResultsBlock):
         raise ConfigError(f"benchmark.results_block {results_block!r} is a {type(block).__name__}, not a "
                           "specsweep-results block")
+    # A block is no more trusted than a parameter (anyone who can reach a Prefect OSS server can write one).
+    policy.load().check_results(block.url, f"benchmark.results_block {results_block!r}")
     return block.location()

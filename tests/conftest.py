@@ -34,7 +34,7 @@ def _test_policy() -> str:
                 "/tmp/* -I -m specsweep.bench.remote", "/usr/bin/python3 -I -m specsweep.bench.remote"]
     text = "\n".join([
         'hosts = ["*"]', f"commands = {json.dumps(commands)}", 'cwd = ["/tmp"]', 'env = ["*"]',
-        f'results = {json.dumps(["/tmp", str(REPO / "data" / "results")])}'])
+        f'results = {json.dumps(["/tmp", str(REPO / "data" / "results"), "s3://specsweep-results"])}'])
     folder = Path(tempfile.mkdtemp(prefix="specsweep-policy-"))
     (folder / "policy.toml").write_text(text + "\n")
     return str(folder / "policy.toml")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,7 +66,10 @@ def local_tokenizer(path: Path) -> Tokenizer:
     try:
         tok = HFTokenizer.from_file(str(file))
     except Exception as exc:  # noqa: BLE001 - any reader error is a bad file
-        raise ConfigError(f"tokenizer {file} is not a tokenizers JSON file: {exc}") from None
+        # Never the reader's own message: it quotes the file (the value it did not expect). Its position only.
+        at = re.search(r"line \d+ column \d+", str(exc))
+        raise ConfigError(f"tokenizer {file} is not a tokenizers JSON file the 'tokenizers' package can read"
+                          f"{f' (at {at.group(0)})' if at else ''}: give the model's own tokenizer.json") from None
 
     specials = len(tok.encode("", add_special_tokens=True).ids)
 
@@ -90,7 +94,8 @@ def _read_file(path: Path) -> list[str]:
         try:
             df = pd.read_parquet(path)
         except Exception as exc:  # noqa: BLE001 - any reader error is a bad file
-            raise ConfigError(f"prompts_file {path} is not a readable Parquet file: {exc}") from None
+            raise ConfigError(f"prompts_file {path} is not a readable Parquet file ({type(exc).__name__}): give a "
+                              "Parquet file with a 'prompt' column, or JSONL") from None
         if "prompt" not in df.columns:
             raise ConfigError(f"prompts_file {path} has no 'prompt' column (columns: {list(df.columns)})")
         prompts = [str(p) for p in df["prompt"].dropna()]

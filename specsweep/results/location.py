@@ -18,12 +18,13 @@ import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import pyarrow.fs as pafs
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from specsweep.errors import ConfigError, StoreError
+from specsweep.redact import public_url
 
 DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "data" / "results"
 
@@ -70,7 +71,7 @@ class Location:
             path = Path(urlsplit(text).path if text.startswith("file://") else text).expanduser().resolve()
             return cls(pafs.LocalFileSystem(), str(path), path.as_uri())
         parts = urlsplit(text)
-        shown = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
+        shown = public_url(text)  # never user:password@ nor the query: links, artifacts and errors show it
         if parts.scheme == "s3" and options is not None:
             fs: pafs.FileSystem = pafs.S3FileSystem(
                 access_key=options.access_key_id.get_secret_value() if options.access_key_id else None,
@@ -78,7 +79,7 @@ class Location:
                 endpoint_override=options.endpoint_url, region=options.region,
                 scheme=urlsplit(options.endpoint_url).scheme if options.endpoint_url else "https",
             )
-            return cls(fs, (parts.netloc + parts.path).rstrip("/"), shown)
+            return cls(fs, (parts.netloc.rpartition("@")[2] + parts.path).rstrip("/"), shown)
         try:
             fs, base = pafs.FileSystem.from_uri(text)
         except (ValueError, OSError) as exc:  # pyarrow's ArrowInvalid is a ValueError
@@ -94,8 +95,10 @@ class Location:
             fsspec.get_filesystem_class(protocol)
             spec_fs, path = url_to_fs(text)
         except (ImportError, ValueError) as exc:
+            shown = public_url(text)  # pyarrow's and fsspec's messages quote the URL as given
             raise ConfigError(
-                f"results location {text!r}: no filesystem for {protocol}:// ({cause}; fsspec: {exc}). Use a local "
+                f"results location {shown!r}: no filesystem for {protocol}:// ({str(cause).replace(text, shown)}; "
+                f"fsspec: {str(exc).replace(text, shown)}). Use a local "
                 "path, s3://, gs://, or install the fsspec package for that protocol."
             ) from None
         return pafs.PyFileSystem(pafs.FSSpecHandler(spec_fs)), path
