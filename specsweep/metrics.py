@@ -17,9 +17,10 @@ Definitions shared with the established serving benchmarks:
 A block is set aside as disturbed (kept, measured again) when the machine, not the server under test,
 shaped it: requests failed, the client's event loop stalled, or no token arrived for far longer than the
 level's own pace explains (``disturbance``); or, judged against its level's other blocks, its throughput
-lies far outside theirs (``outlier``). Failed requests met again when the level is measured again are the
-server's behaviour (a server that fails a share of its requests does so every time): from then on such a
-block counts (``THE_SERVERS_WHEN_MET_AGAIN``), unless none of its requests completed.
+lies far outside theirs (``outlier``). Failed requests or a client lag met again when the level is measured
+again are how the level runs here (a server that fails a share of its requests does so every time; a client
+that lags at every block is the machine's limit): from then on such a block counts
+(``THE_SERVERS_WHEN_MET_AGAIN``), unless none of its requests completed.
 Percentiles interpolate linearly (numpy's default), as the engines' own benchmarks do.
 """
 
@@ -176,10 +177,11 @@ OWN_CAUSES = {"failed": re.compile(r"\d+ request\(s\) failed"), "client": re.com
               "stall": re.compile("no token arrived")}
 
 
-#: Those that, met again in a block measured again at the same level, are the server's behaviour (a server that
-#: fails a share of its requests does so every time): that block counts. A stall or a client lag stays the
-#: machine's (on a loaded machine it comes back as often as it likes).
-THE_SERVERS_WHEN_MET_AGAIN = frozenset({"failed"})
+#: Those that, met again in a block measured again at the same level, are how this level runs here, not a passing
+#: disturbance: that block counts. A server that fails a share of its requests does so every time; a client
+#: whose event loop lags at every block is this machine's limit at that level (the row says client-bound). A
+#: stall stays a disturbance however often it comes back (a busy machine starves a server's threads).
+THE_SERVERS_WHEN_MET_AGAIN = frozenset({"failed", "client"})
 
 
 def own_cause(reason: str | None) -> str | None:

@@ -286,10 +286,10 @@ class _Sweep:
     async def judged(row: LevelRow, level_rows: list[LevelRow], clean: list[LevelRow],
                      set_aside: SetAside | None) -> LevelRow:
         """The block judged against its level's earlier blocks (``level_rows``, the ``clean`` ones among them).
-        Failed requests met again after a block was set aside for them are the server's behaviour, not the
-        machine's: the block counts (stored so), unless no request of it completed (an outage, or a server
-        that answers nothing, has no throughput to count). A stall or a client lag is the machine's, however
-        often it comes back (up to MAX_SET_ASIDE). Else it is marked disturbed when its
+        Failed requests or a client lag met again after a block was set aside for them are how the level runs
+        here: the block counts (stored so), unless no request of it completed (an outage, or a server that
+        answers nothing, has no throughput to count). A stall is a disturbance however often it comes back
+        (up to MAX_SET_ASIDE). Else it is marked disturbed when its
         throughput lies far outside its level's clean blocks. A disturbed block goes to ``set_aside`` (stored
         with its reason)."""
         cause = metrics.own_cause(row.disturbed)
@@ -330,8 +330,8 @@ async def run_levels(
     ``more(point, rows)`` says whether a level needs another block (``repeats(n)`` for a fixed number); it
     sees only the blocks that count: a block the machine disturbed (``LevelRow.disturbed``; an outlier among
     its level's blocks is marked here and stored again by ``set_aside``) is kept and measured again, at most
-    MAX_SET_ASIDE times per level; failures met again in the block measured again count (the server's, not
-    the machine's). ``check_server(when)`` runs after a block with failed requests and when
+    MAX_SET_ASIDE times per level; failures or a client lag met again in the block measured again count.
+    ``check_server(when)`` runs after a block with failed requests and when
     ``measure`` raises: it raises if the server is gone (the sweep stops there, with the blocks before it
     kept).
     """

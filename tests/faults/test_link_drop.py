@@ -133,14 +133,26 @@ async def test_link_drop_while_waiting_for_health_reconnects_and_completes(remot
     assert server_processes(remote) == []
 
 
+def counted_levels(results: Path) -> int:
+    """Blocks stored that count (not set aside as disturbed)."""
+    try:
+        return int(pd.read_parquet(results / "levels")["disturbed"].isna().sum())
+    except (FileNotFoundError, OSError, ValueError, KeyError):
+        return 0
+
+
+# Alone on the machine (scripts/test.sh's second phase): the cable is pulled by the clock, once a level counts; four
+# tests at once on two cores starve the client (event-loop lags of 1.7 s) and move the cut into the first level.
+@pytest.mark.solo
 async def test_link_drop_during_a_level_keeps_the_levels_and_still_kills_the_server(remote: Remote, tmp_path: Path) -> None:
     profile = sim_profile(tmp_path, startup_s=0.3)
     results = tmp_path / "results"
     events: list[str] = []
 
     def pull_the_cable() -> None:
-        # Once the first level is stored, the second one is under way: pull the cable in it.
-        wait_for(lambda: (results / "levels").exists() and len(list((results / "levels").rglob("*.parquet"))) >= 1)
+        # Once the first level is stored and counts (a block the loaded machine disturbed is measured again
+        # first), the second one is under way: pull the cable in it.
+        wait_for(lambda: counted_levels(results) >= 1)
         time.sleep(0.5)
         remote.cut()
         events.append("cut")
