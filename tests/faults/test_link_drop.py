@@ -238,9 +238,12 @@ async def test_link_down_for_good_fails_cleanly_and_the_next_run_removes_the_str
 # A host whose shell answers a start a second late (an overloaded machine): sshd hands every
 # command to this script, which holds back the start script's answer. The link is cut in that
 # second, after the server has started, so the answer is lost for real.
+# The start's answer is held back 5 s: the cut must fall inside that window. The cutter sees the server within a
+# fraction of a second alone, but took over 1 s (the window this had) with the suite's other tests beside it; the
+# cut kills the held answer, so the window costs nothing when the cut comes early.
 _SLOW_ANSWER = """#!/bin/sh
 case $SSH_ORIGINAL_COMMAND in
-  *setsid*) out=$(sh -c "$SSH_ORIGINAL_COMMAND"); rc=$?; sleep 1; printf '%s\\n' "$out"; exit $rc;;
+  *setsid*) out=$(sh -c "$SSH_ORIGINAL_COMMAND"); rc=$?; sleep 5; printf '%s\\n' "$out"; exit $rc;;
   *) exec sh -c "$SSH_ORIGINAL_COMMAND";;
 esac
 """
