@@ -4,11 +4,7 @@ goes on; no traceback reaches the terminal, no request waits for its timeout."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 
@@ -16,21 +12,7 @@ from specsweep.bench.config import RequestOptions, SweepConfig
 from specsweep.bench.runner import Load, run_level
 from specsweep.bench.workload import Prompt
 from specsweep.records import Level
-from tests.helpers.sshd import free_port
-
-
-@contextmanager
-def bad_server(mode: str) -> Iterator[str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.bad_server", "--port", str(port), "--mode", mode],
-                            stdout=subprocess.PIPE)
-    try:
-        assert proc.stdout is not None and b"listening" in proc.stdout.readline()
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
+from tests.helpers.bad_server import running
 
 CAUSES = {
     "bad-chunk-size": "bad chunk size",
@@ -44,7 +26,7 @@ CAUSES = {
 
 @pytest.mark.parametrize("mode", list(CAUSES))
 async def test_a_broken_answer_is_a_protocol_error_at_once(mode: str, capfd: pytest.CaptureFixture[str]) -> None:
-    with bad_server(mode) as url:
+    with running(mode) as url:
         load = Load(url, RequestOptions(timeout_s=60), (Prompt("hello", 1, True),), 4,
                     SweepConfig(num_requests=12, warmup_requests=0))
         t0 = time.monotonic()

@@ -3,8 +3,6 @@ sends the headers of a /tokenize answer and then nothing, holds a run up no long
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
@@ -15,22 +13,15 @@ from specsweep.bench.workload import build_prompts
 from specsweep.server import api as server_api
 from specsweep.server.api import NoAnswer, ServerAPI
 from specsweep.sweep import server_tokenizer
-from tests.helpers.sshd import free_port
+from tests.helpers.bad_server import running
 
 pytestmark = pytest.mark.solo  # bounds in seconds: measured alone
 
 
 @pytest.fixture
 def stalling() -> Iterator[str]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.stalling_server", "--port", str(port)],
-                            stdout=subprocess.PIPE)
-    try:
-        assert proc.stdout is not None and b"listening" in proc.stdout.readline()
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with running("stalls") as url:
+        yield url
 
 
 async def test_a_trickled_health_answer_is_cut_at_the_calls_deadline(stalling: str) -> None:

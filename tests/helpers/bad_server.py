@@ -5,6 +5,9 @@ produces on demand.
 
 Modes: bad-chunk-size, bad-status-line, oversized-headers, choices-not-list, invalid-utf8, endless-line. The other
 requests get a well-formed streamed completion of four tokens, so a level against it has both.
+
+Mode stalls: the answers outside the timed load never end. GET /health trickles one byte every 0.2 s; POST
+/tokenize sends its headers and then nothing; GET /v1/models answers at once; a completion streams well.
 """
 
 from __future__ import annotations
@@ -12,6 +15,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 GOOD_EVENTS = [{"id": "x", "choices": [{"index": 0, "text": f" t{i}"}]} for i in range(4)]
 
@@ -41,9 +48,48 @@ def answer(mode: str) -> bytes:
         return HEAD + chunked(sse([json.dumps({"id": "x", "choices": {"text": "oops"}}).encode()] + good))
     if mode == "endless-line":  # 32 MiB of one event that never ends its line
         return HEAD + chunked(b"data: {\"id\": \"x\", \"choices\": [{\"text\": \"" + b"a" * (32 << 20))
+    if mode == "stalls":  # its requests outside the timed load are answered by ``stall``
+        return HEAD + chunked(sse(good))
     if mode == "invalid-utf8":
         return HEAD + chunked(sse([b'{"id": "x", "choices": [{"index": 0, "text": "\xff\xfe"}]}'] + good))
     raise SystemExit(f"unknown mode {mode}")
+
+
+async def stall(line: bytes, writer: asyncio.StreamWriter) -> bool:
+    """Mode stalls: answer (or never finish answering) a request outside the timed load; False for the others."""
+    if line.startswith(b"GET /health"):
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000\r\n\r\n")
+        while True:
+            writer.write(b".")
+            await writer.drain()
+            await asyncio.sleep(0.2)
+    if line.startswith(b"POST /tokenize"):
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 500\r\n\r\n{")
+        await writer.drain()
+        await asyncio.Event().wait()  # never more
+    if line.startswith(b"GET /v1/models"):
+        body = json.dumps({"data": [{"id": "stalling"}]}).encode()
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                     % (len(body), body))
+        await writer.drain()
+        return True
+    return False
+
+
+@contextmanager
+def running(mode: str) -> Iterator[str]:
+    """This server in a process of its own, in ``mode``; its URL."""
+    from tests.helpers.sshd import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.bad_server", "--port", str(port), "--mode", mode],
+                            stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and b"listening" in proc.stdout.readline()
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 async def main() -> None:
@@ -62,6 +108,11 @@ async def main() -> None:
                 length = next((int(h.split(b":", 1)[1]) for h in head.split(b"\r\n")
                                if h.lower().startswith(b"content-length:")), 0)
                 await reader.readexactly(length)
+                if args.mode == "stalls":
+                    if not await stall(head.split(b"\r\n", 1)[0], writer):
+                        writer.write(answer("good"))
+                        await writer.drain()
+                    continue
                 served += 1
                 writer.write(answer("good" if served % 2 else args.mode))
                 await writer.drain()
