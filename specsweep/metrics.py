@@ -193,15 +193,17 @@ def disturbance(run: LevelRun, figures: dict[str, Any]) -> str | None:
     """Why the machine, not the server under test, shaped this block; None when nothing did."""
     if figures["failed"]:
         return f"{figures['failed']} request(s) failed ({figures['errors']})"
-    if (run.loop_lag_max_ms or 0.0) >= LAG_DISTURBED_MS:
-        return f"the client's event loop stalled for {run.loop_lag_max_ms:.0f} ms"
     measured = [r for r in run.records if not r.warmup]
     gap, median = longest_gap(measured)
     ttft_p90 = (figures.get("ttft_ms_p90") or 0.0) / 1000
     limit = max(STALL_FLOOR_S, STALL_FACTOR * median, 2 * ttft_p90)
-    if gap > limit:
-        return f"no token arrived for {gap:.2f} s (the level's pace: a token every {median * 1000:.1f} ms)"
-    return None
+    lag_s = (run.loop_lag_max_ms or 0.0) / 1000
+    stall = f"no token arrived for {gap:.2f} s (the level's pace: a token every {median * 1000:.1f} ms)"
+    if gap - lag_s > limit:  # longer than the client's own lag explains: the server stalled
+        return stall
+    if lag_s * 1000 >= LAG_DISTURBED_MS:
+        return f"the client's event loop stalled for {lag_s * 1000:.0f} ms"
+    return stall if gap > limit else None
 
 
 #: Against its level's other blocks (at least OUTLIER_MIN_OTHERS of them): a throughput further from their

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
+from specsweep import bounded_regex
 from specsweep.errors import ConfigError
 from specsweep.redact import Redactor, mask_argv, mask_env, refuse_key_parameter, secrets_in_argv, secrets_in_env
 
@@ -84,7 +85,9 @@ class ProfileParams(BaseModel):
         description="Regular expressions that narrow the leftover kill before a start: of the processes specsweep "
         "started for this port (they carry its marker and belong to the SSH user), only those whose command line "
         "matches one are taken (e.g. 'engine::' and 'engine\\.server'). They never add a process specsweep "
-        "did not start; a pattern that matches any command line is refused. Empty: every such leftover.",
+        "did not start; a pattern that matches any command line is refused. Each sees the first 4096 characters of a "
+        "command line; at most 16, of 200 characters, with at most one repeat (*, +, {m,n}), of one character, class "
+        "or '.' (so none can hold the worker). Empty: every such leftover.",
     )
     api_key_secret: str | None = Field(
         None, description="Name of a Prefect Secret block holding the server's API key (sent as a bearer token, "
@@ -131,11 +134,8 @@ class ProfileParams(BaseModel):
     def _patterns(cls, patterns: list[str]) -> list[str]:
         import re
 
+        bounded_regex.check(patterns, "cleanup pattern")
         for p in patterns:
-            try:
-                re.compile(p)
-            except re.error as exc:
-                raise ValueError(f"cleanup pattern {p!r} is not a valid regular expression: {exc}") from None
             if not p.strip() or all(re.search(p, cmd) for cmd in _UNRELATED_COMMANDS):
                 raise ValueError(f"cleanup pattern {p!r} matches any command line: give one that names the "
                                  "server's own processes, e.g. 'engine::'")

@@ -94,7 +94,7 @@ class SSHHostBlock(Block):
                             **common)
                 if self.jump_hostname else None)
         address = named_by.http_address if named_by and named_by.http_address else self.http_address
-        kept = named_by.model_dump(include={"traffic", "load_generator", "host_python"}) \
+        kept = named_by.model_dump(include={"traffic", "load_generator", "host_python", "http_scheme"}) \
             if named_by else {}
         return HostConfig(kind="ssh", ssh=target, jump=jump, http_address=address, **kept)
 

@@ -15,17 +15,22 @@ so that the cleanup hooks of a run that crashed find the server it started.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from logging import Logger, LoggerAdapter
+from typing import TypeVar
 
+import anyio
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from specsweep.bench.config import RequestOptions
 from specsweep.bench.remote import HostLoadGenerator, on_host
 from specsweep.hosts import Host
+from specsweep.hosts.base import START_COMMAND_TIMEOUT_S
 from specsweep.hosts.tunnel import ServerPath, open_path
 from specsweep.parameters import LifecycleOptions
 from specsweep.profiles import ServerProfile
@@ -52,19 +57,52 @@ async def kill_server(host: Host, profile: ServerProfile, stages: LifecycleOptio
     return await _kill.with_options(**(stages or LifecycleOptions()).kill.task_options())(host, profile, handle, token)
 
 
+T = TypeVar("T")
+
+#: How long a timed-out or cancelled task waits for its thread's send in flight (bounded by its SSH timeout).
+DRAIN_S = START_COMMAND_TIMEOUT_S + 30
+
+
+async def _thread_to_its_end(work: Callable[[threading.Event], T], logger: Logger | LoggerAdapter, what: str,
+                             undo: Callable[[T], object] | None = None) -> T:
+    """``work(cancelled)`` in a thread. If the task times out or is cancelled, the thread runs on (a thread
+    cannot be stopped): ``cancelled`` is set so that it sends nothing more, the send in flight is waited for,
+    and what it made anyway is undone, so that what comes next (the final kill, the path's close) finds it."""
+    cancelled = threading.Event()
+    thread = asyncio.ensure_future(asyncio.to_thread(work, cancelled))
+    try:
+        return await asyncio.shield(thread)
+    except BaseException:
+        cancelled.set()
+        with anyio.CancelScope(shield=True):  # Prefect's timeout is an anyio scope: the wait is shielded from it
+            await asyncio.wait({thread}, timeout=DRAIN_S)
+        if not thread.done():
+            logger.warning("%s was given up and is still busy after %.0f s: going on without it", what, DRAIN_S)
+        elif not thread.cancelled() and (late := thread.exception()) is not None:
+            logger.info("%s, given up, ended: %s", what, late)
+        elif not thread.cancelled() and undo is not None:
+            logger.info("%s was given up after it had finished: undoing it", what)
+            undo(thread.result())
+        raise
+
+
 @task(name="start_server", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5, retry_condition_fn=retry_transient,
       timeout_seconds=300)
 async def _start(host: Host, profile: ServerProfile, kill_port_holder: bool = False, token: str | None = None) -> ServerHandle:
     logger = run_logger(profile, host)
-    return await asyncio.to_thread(lifecycle.start_server, host, profile, kill_port_holder=kill_port_holder,
-                                   token=token, logger=logger)
+    # A server started after the timeout is left to the final kill that follows (by this start's token).
+    return await _thread_to_its_end(lambda cancelled: lifecycle.start_server(
+        host, profile, kill_port_holder=kill_port_holder, token=token, logger=logger, cancelled=cancelled),
+        logger, f"the start of {profile.name}")
 
 
 @task(name="open_server_path", cache_policy=NO_CACHE, retries=0, timeout_seconds=120)
 async def open_server_path(host: Host, profile: ServerProfile, marker: str) -> ServerPath:
     """The client's way to the server: for an SSH host, a tunnel over SSH to the server's port there."""
-    path = await asyncio.to_thread(open_path, host, profile.host, profile.port, marker=marker)
-    run_logger(profile, host).info("%s: the client reaches it at %s (%s)", profile.name, path.url, path.how)
+    logger = run_logger(profile, host)
+    path = await _thread_to_its_end(lambda _: open_path(host, profile.host, profile.port, marker=marker), logger,
+                                    f"the way to {profile.name}", undo=lambda late: late.close())
+    logger.info("%s: the client reaches it at %s (%s)", profile.name, path.url, path.how)
     return path
 
 

@@ -134,11 +134,13 @@ def bench(
                 async def level_done(row: LevelRow, done: int, total: int) -> None:
                     if generator is not None:  # the host's load generator reports whole levels
                         progress.advance(bar, num_prompts)
+                    if row.disturbed:  # measured again: a block more to go
+                        progress.update(bar, total=(progress.tasks[bar].total or 0) + num_prompts)
                     progress.console.print(
                         f"level {row.label}: {row.output_tokens_per_s:.1f} output tok/s, TTFT median "
                         f"{(row.ttft_ms_median or 0):.1f} ms, {row.failed} failed"
                         + (f"  [set aside: {row.disturbed}]" if row.disturbed else
-                           "  [client was the bottleneck]" if row.client_bottleneck else ""))
+                           "  [client was the bottleneck]" if row.client_bottleneck else ""), markup=False)
 
                 return await run_levels(
                     levels, lambda lv: measure_level(target, job, lv, on_request=lambda _r: progress.advance(bar),
@@ -157,3 +159,5 @@ def bench(
     console().print(summary_table(rows, title=f"{name} ({url})"))
     typer.echo(f"run id: {job.run_id}")
     typer.echo(f"results: {store}/levels/run_id={job.run_id}/ (levels), requests/ and runs/ beside it")
+    if rows and not any(r.completed for r in rows):  # nothing was measured: say why, and fail
+        fail(SpecsweepError(f"no request completed at any level: {rows[0].disturbed or 'every request failed'}"))

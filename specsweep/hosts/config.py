@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 
 class SSHEndpoint(BaseModel):
@@ -43,6 +43,25 @@ class SSHEndpoint(BaseModel):
     )
     connect_timeout_s: float = Field(10.0, gt=0, le=600, description="TCP connect and SSH handshake timeout.")
     keepalive_s: int = Field(15, ge=0, le=3600, description="Send an SSH keepalive this often (0: never).")
+
+    @field_validator("hostname", "user")
+    @classmethod
+    def _no_option_or_shell(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # As OpenSSH 9.6 checks them (older ssh passes a ProxyCommand's %h to a shell as it is).
+        if value is not None and (value.startswith("-") or any(
+                c.isspace() or ord(c) < 32 or c in "'\"`$\\;&<>|(){}" for c in value)):
+            raise ValueError(f"{info.field_name} {value!r} must not start with '-' nor hold spaces, control "
+                             "characters or any of '\"`$\\;&<>|(){}: give the host's DNS name or address and the "
+                             "login name as they are")
+        return value
+
+    @field_validator("key_path", "known_hosts")
+    @classmethod
+    def _no_ssh_variable(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        if value is not None and "${" in str(value):
+            raise ValueError(f"{info.field_name} must not hold '${{': OpenSSH would read it as an environment "
+                             "variable; give the path itself")
+        return value
 
     @model_validator(mode="before")
     @classmethod
@@ -96,6 +115,10 @@ class HostConfig(BaseModel):
         description="Address the benchmark client uses to reach the server's port when traffic is direct; "
         "default 127.0.0.1 for local hosts. Giving one for an SSH host makes its traffic direct.",
     )
+    http_scheme: Literal["http", "https"] = Field(
+        "http", description="Scheme of direct traffic: https for a server behind a TLS endpoint (its certificate "
+        "checked against this machine's CAs, or SSL_CERT_FILE, for the http_address name). Tunnelled traffic is "
+        "http on this machine's loopback.")
     load_generator: Literal["client", "host"] = Field(
         "client", description="Where the load generator runs: client, on the machine running specsweep (its "
         "requests through the tunnel); host, on the SSH host itself against the server's own address, its records "
@@ -116,6 +139,10 @@ class HostConfig(BaseModel):
         if self.load_generator == "host" and self.kind != "ssh" and self.block is None:
             raise ValueError("load_generator is 'host' but the host is local (the client already runs there): "
                              "use load_generator 'client'")
+        if self.http_scheme == "https" and (self.traffic_mode != "direct" or self.load_generator == "host"):
+            raise ValueError("http_scheme is 'https' but the traffic is not direct from this machine: set traffic "
+                             "'direct' with an http_address the server's certificate names, and load_generator "
+                             "'client' (or leave http_scheme 'http')")
         if self.kind == "local" and (self.ssh is not None or self.jump is not None):
             raise ValueError("ssh/jump settings were given but kind is 'local': set kind to 'ssh' or drop them")
         return self
@@ -135,7 +162,10 @@ class HostConfig(BaseModel):
 
     def http_url(self, port: int) -> str:
         """Where direct traffic reaches a server listening on ``port`` of this host."""
-        return f"http://{self.address}:{port}"
+        host = self.address
+        if ":" in host and not host.startswith("["):  # an IPv6 address
+            host = f"[{host}]"
+        return f"{self.http_scheme}://{host}:{port}"
 
     @property
     def label(self) -> str:

@@ -112,16 +112,16 @@ class Tunnel:
 
     def _key_args(self, ep: SSHEndpoint, name: str) -> list[str]:
         if ep.passphrase is not None and (ep.private_key is not None or ep.key_path is not None):
-            return ["-o", f"IdentityAgent={self._agent_with(ep, name)}", "-o", "IdentityFile=none"]
+            return ["-o", f"IdentityAgent={_ssh_escape(str(self._agent_with(ep, name)))}", "-o", "IdentityFile=none"]
         if ep.private_key is not None:
             path = self._dir / f"{name}.key"
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as f:
                 text = ep.private_key.get_secret_value()
                 f.write(text if text.endswith("\n") else text + "\n")
-            return ["-i", str(path), "-o", "IdentitiesOnly=yes"]
-        if ep.key_path is not None:
-            return ["-i", str(Path(ep.key_path).expanduser()), "-o", "IdentitiesOnly=yes"]
+            return ["-i", _ssh_escape(str(path)), "-o", "IdentitiesOnly=yes"]
+        if ep.key_path is not None:  # ssh %-expands -i paths (IdentityFile)
+            return ["-i", _ssh_escape(str(Path(ep.key_path).expanduser())), "-o", "IdentitiesOnly=yes"]
         return [] if ep.use_agent else ["-o", "IdentitiesOnly=yes"]
 
     def _agent_with(self, ep: SSHEndpoint, name: str) -> Path:
@@ -161,7 +161,7 @@ class Tunnel:
 
     def _common(self, ep: SSHEndpoint, name: str, known_hosts: Path) -> list[str]:
         args = ["-p", str(ep.port), "-o", "BatchMode=yes", "-o", f"ConnectTimeout={max(1, int(ep.connect_timeout_s))}",
-                "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known_hosts}",
+                "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={_ssh_escape(str(known_hosts))}",
                 "-o", "GlobalKnownHostsFile=/dev/null", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
                 "-o", "LogLevel=INFO", "-F", "/dev/null", *self._key_args(ep, name)]
         if ep.user:

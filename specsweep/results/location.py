@@ -7,17 +7,19 @@ e.g. ``?endpoint_override=http://minio:9000&scheme=http``) or through fsspec (an
 fsspec knows, with its package installed). Credentials come from its own fields (which the
 Prefect side fills from a block) or from the environment the SDKs read (``AWS_ACCESS_KEY_ID``…).
 
-Writes are whole-file and atomic: on a local disk a hidden temporary file is renamed
-into place; an object store makes an object visible only once it is complete. Readers
-skip names that start with '.'.
+Writes are whole-file and atomic: an object store makes an object visible only once it is
+complete; on any other filesystem (a local disk, SFTP, HDFS, ...) a hidden temporary file is
+written and then moved into place. Readers skip names that start with '.'.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import pyarrow.fs as pafs
@@ -27,6 +29,9 @@ from specsweep.errors import ConfigError, StoreError
 from specsweep.redact import public_url
 
 DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "data" / "results"
+
+#: fsspec protocols of stores where an object appears whole or not at all once written (written in place).
+OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "oss"})
 
 
 class ResultsLocation(BaseModel):
@@ -119,11 +124,21 @@ class Location:
         parent = target.rsplit("/", 1)[0]
         try:
             self._makedirs(parent)
-            if not self.local:
-                with self.fs.open_output_stream(target) as out:  # an object appears whole or not at all
-                    out.write(data)
-                return target
             tmp = f"{parent}/.{target.rsplit('/', 1)[1]}.tmp-{os.getpid()}-{secrets.token_hex(3)}"
+            if not self.local:
+                if self.whole_objects:
+                    with self.fs.open_output_stream(target) as out:  # an object appears whole or not at all
+                        out.write(data)
+                    return target
+                try:
+                    with self.fs.open_output_stream(tmp) as out:
+                        out.write(data)
+                    self._move(tmp, target)
+                except BaseException:
+                    with contextlib.suppress(Exception):
+                        self.fs.delete_file(tmp)
+                    raise
+                return target
             try:
                 with open(tmp, "wb") as f:
                     f.write(data)
@@ -142,6 +157,36 @@ class Location:
                 "results are intact; free space or fix permissions on the results location (or choose another)."
             ) from None
         return target
+
+    @property
+    def _spec(self) -> Any:
+        """The fsspec filesystem behind pyarrow's, or None."""
+        return getattr(getattr(self.fs, "handler", None), "fs", None)
+
+    @property
+    def whole_objects(self) -> bool:
+        """An object store: a written object appears whole or not at all."""
+        if isinstance(self.fs, (pafs.S3FileSystem, pafs.GcsFileSystem)):
+            return True
+        protocols = getattr(self._spec, "protocol", ())
+        protocols = {protocols} if isinstance(protocols, str) else set(protocols or ())
+        return bool(protocols & OBJECT_STORES)
+
+    def _move(self, tmp: str, target: str) -> None:
+        """``tmp`` onto ``target``, replacing it (through fsspec's own mv where fsspec serves: pyarrow's move
+        passes it an argument that SFTP's lacks)."""
+        def move() -> None:
+            if self._spec is not None:
+                self._spec.mv(tmp, target)
+            else:
+                self.fs.move(tmp, target)
+        try:
+            move()
+        except OSError:  # a rename that does not replace (SFTP v3, HDFS): a moment without the file, never half of it
+            if self.fs.get_file_info(target).type == pafs.FileType.NotFound:
+                raise
+            self.fs.delete_file(target)
+            move()
 
     def _makedirs(self, path: str) -> None:
         if self.local:

@@ -310,7 +310,8 @@ class Pool:
         self.host = u.hostname
         self.port = u.port or (443 if u.scheme == "https" else 80)
         self.ssl = ssl.create_default_context() if u.scheme == "https" else None
-        self.host_header = f"{self.host}:{self.port}".encode()
+        host = f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 address goes in brackets
+        self.host_header = f"{host}:{self.port}".encode()
         self.prefix = u.path.rstrip("/")
         self.idle: list[_Conn | _RawConn] = []
         self.sem = asyncio.Semaphore(limit)

@@ -28,11 +28,12 @@ import re
 import secrets
 import shlex
 import signal
+import threading
 import time
 
 from pydantic import BaseModel, Field
 
-from specsweep import policy
+from specsweep import bounded_regex, policy
 from specsweep.errors import (
     CommandNotSentError,
     CommandOutcomeUnknown,
@@ -160,7 +161,7 @@ def find_server_processes(host: Host, profile: ServerProfile, handle: ServerHand
         for pid in sorted(marked):
             if not patterns:
                 take(pid, f"left over: started by specsweep for port {profile.port}")
-            elif any(rx.search(procs[pid].args) for rx in patterns if pid in procs):
+            elif any(bounded_regex.search(rx, procs[pid].args) for rx in patterns if pid in procs):
                 take(pid, f"left over: started by specsweep for port {profile.port}, matches cleanup_patterns")
     # Descendants that still hang off the tree (the login user's only).
     _add_descendants(found, procs, mine, "child of a server process")
@@ -339,6 +340,12 @@ def _take_port(host: Host, profile: ServerProfile, log: Logger, redact: Redactor
     _kill(host, profile, found, procs, None, token=None, log=log, redact=redact, start=time.monotonic())
 
 
+def _not_cancelled(cancelled: threading.Event | None, profile: ServerProfile, what: str) -> None:
+    if cancelled is not None and cancelled.is_set():
+        raise ServerStartError(f"the start of {profile.name} was given up (its task timed out or was cancelled): "
+                               f"{what} was not sent")
+
+
 def start_server(
     host: Host,
     profile: ServerProfile,
@@ -346,9 +353,11 @@ def start_server(
     kill_port_holder: bool = False,
     token: str | None = None,
     logger: Logger | None = None,
+    cancelled: threading.Event | None = None,
 ) -> ServerHandle:
     """Launch the server detached, in its own session, logging to the profile's log file; its
-    environment carries ``token`` (a new one when not given), by which a kill finds it.
+    environment carries ``token`` (a new one when not given), by which a kill finds it. Once
+    ``cancelled`` is set (the caller gave up waiting), nothing more is sent to the host.
 
     The start is sent once. Not sent (the link was down): sent again. Sent, answer lost: whatever
     it started is killed and the port checked before it is sent again; if that cannot be done,
@@ -366,15 +375,18 @@ def start_server(
                 "run's server holds it). Stop that process (kill PID, as its user), choose another port, or set "
                 "kill_port_holder to have specsweep kill it first (only processes of the SSH user)."
             )
+        _not_cancelled(cancelled, profile, "the kill of the port's holder")
         _take_port(host, profile, log, redact)
     if profile.key_on_command_line:
         log.warning("%s takes its API key as an argument ({api_key} in argv): every user of %s can read it with "
                     "ps. Use api_key_env where the engine reads the key from its environment.", profile.name,
                     host.label)
     command = profile.masked_command()
+    _not_cancelled(cancelled, profile, "the start")
     log.info("starting %s on %s: %s", profile.name, host.label, command)
     started_at = time.time()
     for attempt in (1, 2):
+        _not_cancelled(cancelled, profile, "the start")
         try:
             started = host.start_detached(
                 profile.launch_argv(), log_path=profile.log_file(token, attempt), env=profile.launch_env(token),

@@ -51,11 +51,11 @@ def deployed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
                 with temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
                     yield env
             finally:
-                # A worker under load can take longer than its own shutdown to stop: it is killed then,
-                # so the module's teardown never fails a test that already passed.
+                # Every run has ended by now; a worker under load can take a minute to stop on SIGTERM (it
+                # waits on its polling loops): it is killed after 10 s, so the teardown holds no slot long.
                 worker.terminate()
                 try:
-                    worker.wait(60)
+                    worker.wait(10)
                 except subprocess.TimeoutExpired:
                     worker.kill()
                     worker.wait(30)

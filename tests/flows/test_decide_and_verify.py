@@ -6,6 +6,7 @@ SGLang adaptive file on the engine against always on and always off."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -75,12 +76,16 @@ async def test_a_block_the_engine_stalls_is_set_aside_kept_and_measured_again(tm
     levels = pd.read_parquet(results / "levels")
     aside = levels[levels["disturbed"].notna()]
     assert len(aside) == sum(lv.set_aside) and len(levels) == sum(lv.blocks) + sum(lv.set_aside)  # nothing lost
+    # The stalled block is seen as the stall, or, where the loaded machine's client lagged as long in the same block
+    # (the lag then explains the gap), by its round's ratio (x0.1 against about x1.7).
     reasons = list(aside[aside["config_name"] == "sglang-eagle3"]["disturbed"])
-    assert any(r.startswith("no token arrived for 1.5") for r in reasons), reasons
+    stall = ("no token arrived for 1.5", "the ratio of its round")
+    assert any(r.startswith(stall) for r in reasons), reasons
     assert "measured in turn with a block that was set aside" in set(aside["disturbed"])
     assert any("Blocks set aside as disturbed" in n for n in comp.notes)
     logs = "\n".join(await flow_logs(state.state_details.flow_run_id))
-    assert "sglang-eagle3 C=1 #1: set aside, measured again (no token arrived for 1.5" in logs, logs
+    assert re.search(r"sglang-eagle3 C=1 #\d+: set aside, measured again \((no token arrived for 1\.5|the ratio of "
+                     "its round)", logs), logs
 
 
 # Alone on the machine (scripts/test.sh's second phase): "reaches" needs the three arms' ratio known within the 3 %

@@ -53,6 +53,11 @@ def test_a_block_the_machine_disturbed_says_why() -> None:
     stalled[2].chunk_times_s = [2.1, 2.2, 3.7, 3.8, 3.9, 4.0, 4.1, 4.2, 4.3, 4.5]
     why = metrics.disturbance(*run_of(stalled)) or ""
     assert why.startswith("no token arrived for 1.50 s"), why
+    # The client lagged too, but by less than the gap: the rest of the gap is the server's stall.
+    why = metrics.disturbance(*run_of(stalled, lag_max_ms=450)) or ""
+    assert why.startswith("no token arrived for 1.50 s"), why
+    # A lag as long as the gap explains it: the client's.
+    assert "event loop stalled for 1600 ms" in (metrics.disturbance(*run_of(stalled, lag_max_ms=1600)) or "")
 
 
 def test_an_outlier_is_far_from_its_levels_other_blocks() -> None:

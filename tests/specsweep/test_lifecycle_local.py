@@ -174,6 +174,26 @@ async def test_cleanup_patterns_narrow_never_widen(host: LocalHost, make_toy: Ma
             p.kill()
 
 
+async def test_cleanup_patterns_see_the_head_of_a_long_command_line(host: LocalHost, make_toy: MakeToy) -> None:
+    """A pattern is matched against the first 4096 characters of a command line only (bounded work on the
+    worker): it still takes a leftover that a long argument follows, never one it names only further on."""
+    import subprocess
+    import sys
+
+    marker = {"SPECSWEEP_SERVER_PORT": str(make_toy().port)}
+    port = int(marker["SPECSWEEP_SERVER_PORT"])
+    long_tail = "x" * 100_000 + " TAIL-ONLY"
+    leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(427)", long_tail],
+                                start_new_session=True, env=marker)
+    try:
+        assert kill_server(host, make_toy(port=port, cleanup_patterns=["TAIL-ONLY"])).killed == []
+        assert leftover.poll() is None
+        report = kill_server(host, make_toy(port=port, cleanup_patterns=[r"time\.sleep\(427\)"]))
+        assert {k.pid for k in report.killed} == {leftover.pid} and leftover.wait(5) is not None
+    finally:
+        leftover.kill()
+
+
 async def test_shell_metacharacters_arrive_literally(host: LocalHost, make_toy: MakeToy, tmp_path: Path) -> None:
     hostile = ["; touch /tmp/pwned-specsweep", "$(touch /tmp/pwned-specsweep)", "`id`", "a\nb", "it's \"quoted\"", "*"]
     out = tmp_path / "argv.json"

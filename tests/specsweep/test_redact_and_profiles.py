@@ -70,6 +70,15 @@ def test_profile_toml(tmp_path: Path) -> None:
          "cleanup pattern '.' matches any command line"),
         ({"name": "x", "argv": ["s"], "cleanup_patterns": [".*"]}, "cleanup pattern '.*' matches any command line"),
         ({"name": "x", "argv": ["s"], "cleanup_patterns": ["\\S"]}, "matches any command line"),
+        # Patterns run on the worker, where re has no timeout and holds the GIL: none may be slow.
+        ({"name": "x", "argv": ["s"], "cleanup_patterns": ["(a+)+$"]}, "cleanup pattern '(a+)+$' could take too "
+         "long to match a long command line: it repeats a group"),
+        ({"name": "x", "argv": ["s"], "cleanup_patterns": ["(a|ab)*c"]}, "it repeats a group"),
+        ({"name": "x", "argv": ["s"], "cleanup_patterns": ["x*x*="]}, "more than one repeat"),
+        ({"name": "x", "argv": ["s"], "cleanup_patterns": ["a" * 201]}, "cleanup pattern 1 is 201 characters long: "
+         "at most 200"),
+        ({"name": "x", "argv": ["s"], "cleanup_patterns": [f"srv{i}::" for i in range(17)]}, "17 cleanup patterns "
+         "given: at most 16"),
         ({"name": "x", "argv": ["s"], "log_path": "~/.bashrc"}, "log_path is not taken: each start logs to a fresh "
          "file"),
         ({"name": "x", "argv": ["s"], "env": {"SPECSWEEP_START": "t"}}, "SPECSWEEP_START is set by specsweep itself"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from prefect import flow
 from prefect.context import get_run_context
@@ -10,6 +12,8 @@ from flows.server_lifecycle import server_lifecycle
 from specsweep.bench.config import RequestOptions
 from specsweep.hosts import HostConfig, open_host
 from specsweep.parameters import LifecycleOptions, StageOptions
+from specsweep.server import lifecycle
+from specsweep.server.lifecycle import kill_server as kill_server_now
 from tasks.server import kill_server, start_server, wait_for_health
 from tests.conftest import MakeToy, pids_alive, pids_with_marker
 from tests.helpers.logs import flow_logs
@@ -66,3 +70,35 @@ async def test_tasks_over_ssh(ssh_host_config: HostConfig, make_toy: MakeToy) ->
 
     killed = await over_ssh()
     assert len(killed) >= 3 and pids_alive(killed) == []
+
+
+async def test_a_start_that_timed_out_starts_nothing_after_its_final_kill(make_toy: MakeToy) -> None:
+    # The port is held by a stray that ignores SIGTERM: taking the port (kill_port_holder) outlasts the start's
+    # 1 s timeout. The thread of the start runs on after the timeout; it must not launch the server once the
+    # run has given up (nobody would kill it: the final kill has run, the start's record is forgotten).
+    stray = make_toy("--ignore-sigterm", name="stray")
+    profile = make_toy(port=stray.port, kill_grace_s=3)
+    host = open_host(HostConfig())
+    stray_handle = lifecycle.start_server(host, stray)
+    stages = LifecycleOptions(start=StageOptions(timeout_s=1, retries=0), kill_port_holder=True)
+
+    @flow
+    async def start_times_out() -> None:
+        async with start_server(host, profile, RequestOptions(), stages, marker="timed-out-start"):
+            raise AssertionError("the start cannot have succeeded within its timeout")
+
+    try:
+        state = await start_times_out(return_state=True)
+        assert state.is_failed()
+        with pytest.raises(Exception, match="(?i)timed out"):
+            await state.result()
+        assert pids_alive([stray_handle.pid]) == []  # the port's holder was taken, as asked
+        time.sleep(2 * profile.kill_grace_s)  # past the moment the thread would have sent the start
+        assert pids_with_marker(profile.port) == []  # and no server was started after the run gave up
+        messages = "\n".join(await flow_logs(state.state_details.flow_run_id))
+        assert "the start of toy was given up (its task timed out or was cancelled): the start was not sent" \
+            in messages, messages
+        assert "starting toy" not in messages  # nor said to be
+    finally:
+        kill_server_now(host, stray)
+        kill_server_now(host, profile)

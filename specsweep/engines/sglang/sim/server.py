@@ -559,6 +559,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                     help='JSON: {"1": {"candidate_steps": [3]}, "8": {"candidate_steps": [0]}} (0 = no speculation)')
     ap.add_argument("--enable-metrics", action="store_true", help="serve Prometheus metrics at /metrics")
     ap.add_argument("--api-key", default=None)
+    ap.add_argument("--ssl-keyfile", default=None, help="serve TLS with this key (as SGLang and vLLM do)")
+    ap.add_argument("--ssl-certfile", default=None, help="... and this certificate")
     ap.add_argument("--sim-profile", default="kimi-k2.5-int4-8x-rtx-pro-6000", choices=sorted(PROFILES))
     ap.add_argument("--startup-s", type=float, default=3.0,
                     help="seconds until healthy: 60%% loading (refused), 40%% warm-up (503)")
@@ -645,7 +647,12 @@ async def serve(args: argparse.Namespace, ignored: list[str]) -> None:
     r.add_get("/metrics", sim.metrics)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, args.host, args.port, backlog=4096, reuse_address=True)
+    tls = None
+    if args.ssl_certfile:
+        import ssl
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        tls.load_cert_chain(args.ssl_certfile, args.ssl_keyfile)
+    site = web.TCPSite(runner, args.host, args.port, backlog=4096, reuse_address=True, ssl_context=tls)
     await site.start()
     sim.ready_at = _perf() + warm_s
     engine_task = asyncio.create_task(sim.engine.loop())

@@ -1,0 +1,58 @@
+"""A results file is never seen half written, on a filesystem that is not an object store either:
+a real OpenSSH server's SFTP (fsspec's own SFTP client) on this machine's loopback, watched while a
+large file replaces a small one."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import fsspec
+import pytest
+
+from specsweep.results.location import ResultsLocation
+from tests.helpers.sshd import start_sshd
+
+
+@pytest.fixture
+def sftp_url(tmp_path: Path, ssh_keys: tuple[Path, str], monkeypatch: pytest.MonkeyPatch) -> str:
+    sshd = start_sshd(tmp_path / "sshd", [ssh_keys[1]], extra_config="Subsystem sftp internal-sftp\n")
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    shutil.copy(ssh_keys[0], home / ".ssh" / "id_ed25519")  # where fsspec's SFTP client (paramiko) looks
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    yield f"sftp://{sshd.user}@{sshd.address}:{sshd.port}{tmp_path}/r"
+    sshd.stop()
+
+
+def test_an_sftp_write_replaces_the_file_whole(sftp_url: str, tmp_path: Path) -> None:
+    loc = ResultsLocation(url=sftp_url).open()
+    assert not loc.whole_objects
+    loc.write_bytes("levels/x.parquet", b"old")
+    big = os.urandom(48 * 1024 * 1024)
+    target = tmp_path / "r" / "levels" / "x.parquet"
+    seen: set[int] = set()
+    writer = threading.Thread(target=loc.write_bytes, args=("levels/x.parquet", big))
+    writer.start()
+    while writer.is_alive():
+        try:
+            seen.add(target.stat().st_size)
+        except FileNotFoundError:
+            seen.add(-1)
+    writer.join()
+    assert target.read_bytes() == big
+    # Only the old file or the new one was ever there (never a part of the new one).
+    assert seen <= {3, len(big), -1} and len(seen - {-1}) >= 1, sorted(seen)[:10]
+    assert [p.name for p in target.parent.iterdir()] == ["x.parquet"]  # no temporary file left
+    assert loc.read_bytes("levels/x.parquet") == big
+
+
+def test_a_memory_store_leaves_no_temporary_file() -> None:
+    loc = ResultsLocation(url="memory://bench/atomic").open()
+    loc.write_bytes("a.parquet", b"one")
+    loc.write_bytes("a.parquet", b"two")
+    assert loc.read_bytes("a.parquet") == b"two"
+    assert [p.rsplit("/", 1)[1] for p in fsspec.filesystem("memory").ls("/bench/atomic", detail=False)] == ["a.parquet"]
