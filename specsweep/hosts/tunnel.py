@@ -70,7 +70,8 @@ _ASKPASS = '#!/bin/sh\nprintf \'%s\\n\' "$SPECSWEEP_ASKPASS"\n'
 
 
 def _ssh_escape(text: str) -> str:
-    """A value for an ssh_config option that expands %-tokens (ProxyCommand): a literal % doubled."""
+    """A value for an ssh_config option that expands %-tokens (ProxyCommand, IdentityFile, IdentityAgent,
+    UserKnownHostsFile): a literal % doubled."""
     return text.replace("%", "%%")
 
 
@@ -119,9 +120,10 @@ class Tunnel:
             with os.fdopen(fd, "w") as f:
                 text = ep.private_key.get_secret_value()
                 f.write(text if text.endswith("\n") else text + "\n")
-            return ["-i", _ssh_escape(str(path)), "-o", "IdentitiesOnly=yes"]
-        if ep.key_path is not None:  # ssh %-expands -i paths (IdentityFile)
-            return ["-i", _ssh_escape(str(Path(ep.key_path).expanduser())), "-o", "IdentitiesOnly=yes"]
+            return ["-o", f"IdentityFile={_ssh_escape(str(path))}", "-o", "IdentitiesOnly=yes"]
+        if ep.key_path is not None:
+            # As an option, not -i: ssh checks an -i path before it expands its %-tokens, and drops one that holds %.
+            return ["-o", f"IdentityFile={_ssh_escape(str(Path(ep.key_path).expanduser()))}", "-o", "IdentitiesOnly=yes"]
         return [] if ep.use_agent else ["-o", "IdentitiesOnly=yes"]
 
     def _agent_with(self, ep: SSHEndpoint, name: str) -> Path:

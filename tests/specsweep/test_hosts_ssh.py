@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
 from specsweep.errors import HostError, HostKeyError
 from specsweep.hosts import HostConfig, SSHEndpoint, SSHHost, SSHLogin, open_host
@@ -118,6 +119,47 @@ def test_jump_host(jump_pair: JumpPair, ssh_keys: tuple[Path, str]) -> None:
         assert host.run(["echo", "via bastion"]).stdout == "via bastion\n"
     time.sleep(0.2)
     assert f"127.0.0.2 port {target.port}" in bastion.log  # the bastion opened the tunnel to the target
+
+
+def test_the_tunnel_takes_key_and_known_hosts_paths_with_percent_signs(jump_pair: JumpPair, ssh_keys: tuple[Path, str],
+                                                                      tmp_path: Path) -> None:
+    """OpenSSH expands %-tokens in IdentityFile and UserKnownHostsFile (and the jump hop's ProxyCommand once
+    more): a path holding '%' reaches ssh escaped, through the bastion too."""
+    import http.server
+    import shutil
+    import threading
+
+    from specsweep.hosts.tunnel import open_tunnel
+
+    target, bastion, _, known = jump_pair
+    odd = tmp_path / "k%h%%ey"
+    odd.mkdir()
+    key, odd_known = odd / "id%d", odd / "known%u"
+    shutil.copy(ssh_keys[0], key)
+    key.chmod(0o600)
+    shutil.copy(known, odd_known)
+    cfg = HostConfig(kind="ssh", ssh=endpoint(target, key, odd_known), jump=endpoint(bastion, key, odd_known))
+    server = http.server.ThreadingHTTPServer(("127.0.0.2", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with open_host(cfg) as host:
+            tunnel = open_tunnel(host, "127.0.0.2", server.server_address[1], expect_listening=True)
+            try:
+                assert httpx.get(tunnel.url + "/", timeout=10).status_code == 200
+            finally:
+                tunnel.close()
+    finally:
+        server.shutdown()
+
+
+def test_option_like_or_shell_host_and_user_names_are_refused() -> None:
+    for field, value in (("hostname", "-oProxyCommand=touch /tmp/x"), ("hostname", "gpu;id"),
+                         ("hostname", "gpu-$(id).lab"), ("user", "-lroot"), ("user", "a b")):
+        with pytest.raises(ValidationError, match=f"{field} .* must not start with '-' nor hold spaces"):
+            SSHEndpoint(**{"hostname": "gpu.lab", field: value})  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="key_path must not hold"):
+        SSHEndpoint(hostname="gpu.lab", key_path=Path("${HOME}/key"))
+    assert SSHEndpoint(hostname="fe80::1%eth0", user="ubuntu").hostname == "fe80::1%eth0"  # a zone, as ssh takes it
 
 
 def test_jump_host_without_forwarding_is_a_clear_error(jump_pair: JumpPair,
