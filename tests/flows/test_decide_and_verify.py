@@ -51,7 +51,10 @@ async def test_without_a_crossover_the_answer_is_decided_always_or_never(
         sim_profile: str, off_from: int | None, words: str, tmp_path: Path) -> None:
     port = free_port(span=2)
     base, spec = sim_pair(port, sim_profile)
-    state = await compare_speculation(base, spec, benchmark=settings(tmp_path / "results", [1, 8]), decision=IN_TURN,
+    # A budget that lets the loaded machine's noise settle (four tests at once on two cores left C=8 at x1.42
+    # undetermined after 96 requests once); a quiet machine decides within the first blocks.
+    state = await compare_speculation(base, spec, benchmark=settings(tmp_path / "results", [1, 8]),
+                                      decision=IN_TURN.model_copy(update={"max_requests_per_level": 240}),
                                       return_state=True)
     rec = (await state.result()).comparison.recommendation
     assert rec.status == "decided" and rec.speculation_off_from == off_from and words in rec.reason, rec.reason
@@ -79,12 +82,12 @@ async def test_a_block_the_engine_stalls_is_set_aside_kept_and_measured_again(tm
     # The stalled block is seen as the stall, or, where the loaded machine's client lagged as long in the same block
     # (the lag then explains the gap), by its round's ratio (x0.1 against about x1.7).
     reasons = list(aside[aside["config_name"] == "sglang-eagle3"]["disturbed"])
-    stall = ("no token arrived for 1.5", "the ratio of its round")
+    stall = ("no token arrived for ", "the ratio of its round")  # the gap: the 1.5 s stall and whatever lag joined it
     assert any(r.startswith(stall) for r in reasons), reasons
     assert "measured in turn with a block that was set aside" in set(aside["disturbed"])
     assert any("Blocks set aside as disturbed" in n for n in comp.notes)
     logs = "\n".join(await flow_logs(state.state_details.flow_run_id))
-    assert re.search(r"sglang-eagle3 C=1 #\d+: set aside, measured again \((no token arrived for 1\.5|the ratio of "
+    assert re.search(r"sglang-eagle3 C=1 #\d+: set aside, measured again \((no token arrived for \d|the ratio of "
                      "its round)", logs), logs
 
 

@@ -10,6 +10,9 @@ from contextlib import contextmanager
 
 import httpx
 
+from specsweep.engines.sglang import baseline as sglang_baseline
+from specsweep.engines.sglang import eagle3 as sglang_eagle3
+from specsweep.profiles import ServerProfile
 from tests.helpers.sshd import free_port
 
 
@@ -42,3 +45,11 @@ def running_sim(*args: str, ready: bool = True, startup_s: float = 0.2) -> Itera
             proc.wait(5)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+def sim_profiles(port: int, *extra: str) -> tuple[ServerProfile, ServerProfile]:
+    """The SGLang baseline and EAGLE-3 presets on the simulator (its fast profile), side by side from ``port``."""
+    common = dict(port=port, host="127.0.0.1", simulate=True, sim_profile="tiny-fast", sim_startup_s=0.3, tp=8)
+    base = sglang_baseline("/models/kimi", extra_args=list(extra), **common)  # type: ignore[arg-type]
+    spec = sglang_eagle3("/models/kimi", "/models/eagle3", extra_args=list(extra), **common)  # type: ignore[arg-type]
+    return base.model_copy(update={"startup_timeout_s": 30.0}), spec.model_copy(update={"startup_timeout_s": 30.0})

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import fsspec
@@ -32,7 +33,7 @@ def test_an_sftp_write_replaces_the_file_whole(sftp_url: str, tmp_path: Path) ->
     loc = ResultsLocation(url=sftp_url).open()
     assert not loc.whole_objects
     loc.write_bytes("levels/x.parquet", b"old")
-    big = os.urandom(48 * 1024 * 1024)
+    big = os.urandom(8 * 1024 * 1024)  # SFTP writes it 32 KiB at a time: hundreds of moments to be seen in
     target = tmp_path / "r" / "levels" / "x.parquet"
     seen: set[int] = set()
     writer = threading.Thread(target=loc.write_bytes, args=("levels/x.parquet", big))
@@ -42,6 +43,7 @@ def test_an_sftp_write_replaces_the_file_whole(sftp_url: str, tmp_path: Path) ->
             seen.add(target.stat().st_size)
         except FileNotFoundError:
             seen.add(-1)
+        time.sleep(0.001)
     writer.join()
     assert target.read_bytes() == big
     # Only the old file or the new one was ever there (never a part of the new one).
