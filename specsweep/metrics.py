@@ -324,8 +324,15 @@ def level_row(run: LevelRun, *, config_name: str) -> LevelRow:
         client_cpu_s=run.client_cpu_s, client_cpu_share=run.client_cpu_share,
         client_loop_lag_p99_ms=run.loop_lag_p99_ms, client_loop_lag_max_ms=run.loop_lag_max_ms,
         client_workers=run.workers, client_connections=run.connections_opened, client_bottleneck=run.client_bottleneck,
-        disturbed=disturbance(run, m),
+        disturbed=disturbance(run, m), stop_share=stop_share(run.records),
     )
+
+
+def stop_share(records: Sequence[RequestRecord]) -> float | None:
+    """Share of the completed measured requests that ended at their natural end (finish_reason stop); None
+    where the server said no finish reason."""
+    said = [r.finish_reason for r in records if r.ok and not r.warmup and r.finish_reason]
+    return sum(1 for f in said if f == "stop") / len(said) if said else None
 
 
 def request_rows(run: LevelRun) -> list[RequestRow]:

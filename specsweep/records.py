@@ -80,6 +80,10 @@ class RequestRecord:
     spec_verify_ct: int | None = None  # verify steps, where the engine's answer says
     response_id: str | None = None  # the server's id for the response (first event's "id")
     warmup: bool = False
+    prompt_index: int | None = None  # which of the level's prompts (the same index in each configuration)
+    category: str | None = None  # the prompt's category in its set (MT-Bench's writing, coding, ...)
+    finish_reason: str | None = None  # stop (its natural end) or length (max_tokens), as the server says
+    output_digest: str | None = None  # a hash of the generated text: equal digests, equal outputs
 
     @property
     def ok(self) -> bool:
@@ -167,6 +171,10 @@ class RequestRow(Row):
     spec_accepted_tokens: int | None = None
     spec_verify_ct: int | None = None
     response_id: str | None = None
+    prompt_index: int | None = None
+    category: str | None = None
+    finish_reason: str | None = Field(None, description="stop (the natural end) or length (max_tokens).")
+    output_digest: str | None = Field(None, description="Hash of the generated text (equal: the same output).")
     ttft_ms: float | None = None
     tpot_ms: float | None = None
     e2e_ms: float | None = None
@@ -237,6 +245,10 @@ class LevelRow(Row):
     engine_kv_cache_mean: float | None = Field(None, description="KV-cache share in use (0-1), mean.")
     engine_kv_cache_max: float | None = None
     engine_preemptions: float | None = None
+    engine_prefix_cache_hit_rate: float | None = Field(
+        None, description="Share of the level's prompt tokens the engine found in its prefix cache (its /metrics).")
+    cache_reset: str | None = Field(None, description="How the level kept caches from helping: the engine's reset "
+                                    "endpoint, or unique prompts (where it has none).")
     engine_prompt_tokens: float | None = None
     engine_generation_tokens: float | None = None
     gpu_samples: int | None = Field(None, description="nvidia-smi readings taken while the level ran (its GPUs).")
@@ -246,6 +258,14 @@ class LevelRow(Row):
     gpu_memory_used_max_mib: float | None = Field(None, description="Most memory its GPUs held together (MiB).")
     gpu_power_mean_w: float | None = Field(None, description="Power draw of its GPUs together, mean (W).")
     prompts_digest: str | None = Field(None, description="Hash of the level's prompt texts, in order.")
+    prompt_source: str | None = Field(None, description="The prompt set: synthetic, mt-bench, humaneval, sharegpt, "
+                                      "file or bundled.")
+    endpoint: str | None = Field(None, description="completions, chat or generate.")
+    ignore_eos: bool | None = Field(None, description="Outputs forced to their full length past the model's end.")
+    temperature: float | None = None
+    top_p: float | None = None
+    stop_share: float | None = Field(None, description="Share of completed requests that ended at their natural end "
+                                     "(finish_reason stop) rather than at max_tokens.")
     prompt_tokens_by: str | None = Field(None, description="How prompt lengths were counted: local, server, approximate.")
     client_cpu_s: float | None = None
     client_cpu_share: float | None = None

@@ -17,6 +17,7 @@ task and their crash check. ``specsweep.designs`` drives it for comparisons and 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import statistics
 import time
@@ -32,6 +33,7 @@ from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
 from specsweep.bench.remote import HostLoadGenerator
 from specsweep.bench.runner import Load, run_level
 from specsweep.bench.workload import Prompt, Tokenizer, build_prompts, local_tokenizer, prompts_digest
+from specsweep.errors import ConfigError
 from specsweep.records import Level, LevelRow, Mode, RequestRecord, RunRow, RunStatus
 from specsweep.results import ResultsStore, now_iso
 from specsweep.server import engine_metrics
@@ -125,6 +127,42 @@ async def _prompts(api: ServerAPI, model: str | None, workload: WorkloadConfig, 
     return _prompt_cache[key]
 
 
+def marked(prompt_set: PromptSet, block: str) -> PromptSet:
+    """The prompts, each opening with a mark of its block and place (``[block#i]``): nothing of one block is a
+    prefix cached by another. The marks are the same in each configuration (the block's key, not the server's)."""
+    def mark(p: Prompt, i: int) -> Prompt:
+        tag = f"[{block}#{i}] "
+        messages = p.messages
+        if messages:
+            first_user = next((j for j, (role, _) in enumerate(messages) if role == "user"), 0)
+            messages = tuple((r, tag + c if j == first_user else c) for j, (r, c) in enumerate(messages))
+        return dataclasses.replace(p, text=tag + p.text, messages=messages)
+
+    prompts = tuple(mark(p, i) for i, p in enumerate(prompt_set.prompts))
+    return PromptSet(prompts, prompt_set.counted_by, prompts_digest(prompts))
+
+
+def warmup_workload(workload: WorkloadConfig, prompts: Sequence[Prompt]) -> WorkloadConfig:
+    """Prompts for warm-up requests that no level measures (a cache must not hold a measured prompt): synthetic
+    text of the measured prompts' median length, from a seed of its own."""
+    lengths = sorted(p.input_tokens for p in prompts if p.input_tokens)
+    return workload.model_copy(update={
+        "source": "synthetic", "input_len": lengths[len(lengths) // 2] if lengths else workload.input_len,
+        "input_len_range": 0.0, "seed": workload.seed + 7_000_003})
+
+
+def request_for(request: RequestOptions, workload: WorkloadConfig, prompts: Sequence[Prompt]) -> RequestOptions:
+    """The request options with the defaults the prompts decide: chat for chat messages, ignore_eos for synthetic
+    text only. Chat messages cannot go to the completions endpoint (the model's chat template would be lost)."""
+    chat = any(p.messages for p in prompts)
+    resolved = request.resolved(chat=chat, synthetic=workload.source == "synthetic")
+    if chat and resolved.path_kind != "chat":
+        raise ConfigError(f"the prompts of source {workload.source!r} are chat messages, which the "
+                          f"{resolved.path_kind} endpoint cannot take without losing the model's chat template: "
+                          "set request.endpoint to 'chat' (or leave it empty)")
+    return resolved
+
+
 async def measure_level(
     target: BenchTarget,
     job: SweepJob,
@@ -145,8 +183,17 @@ async def measure_level(
     async with target.api() as api:
         model = target.request.model or await api.first_model()
         prompt_set = await _prompts(api, model, workload, count)
-        load = Load(base_url=target.base_url, request=target.request, prompts=prompt_set.prompts,
-                    output_len=workload.output_len, sweep=sweep, model=model, engine=target.engine)
+        # No block profits from what an earlier one left in the server's prefix cache: emptied where the engine
+        # can, else (real prompt sets repeat across blocks) each prompt opens with a mark of its own block.
+        reset = await api.reset_prefix_cache(engines.cache_resets(target.engine))
+        if reset is None and workload.source != "synthetic":
+            prompt_set = marked(prompt_set, level.key)
+        request = request_for(target.request, workload, prompt_set.prompts)
+        warm = (await _prompts(api, model, warmup_workload(workload, prompt_set.prompts), sweep.warmup_requests)).prompts \
+            if sweep.warmup_requests else ()
+        load = Load(base_url=target.base_url, request=request, prompts=prompt_set.prompts,
+                    output_len=workload.output_len, sweep=sweep, model=model, engine=target.engine,
+                    warmup_prompts=warm)
         # The engine's gauges (its batch, queue, KV cache) are read here while the level runs, wherever
         # its load comes from; its counters right before and after the timed load.
         watch = gpus.fresh() if gpus is not None else None
@@ -159,7 +206,10 @@ async def measure_level(
         run.engine_during = sampler.samples.within(run.started_at, run.started_at + run.client_wall_s)
     gpu = level_gpu_figures(watch.within(run.started_at, run.started_at + run.client_wall_s)) if watch else {}
     row = metrics.level_row(run, config_name=job.config_name).model_copy(
-        update={"prompts_digest": prompt_set.digest, "prompt_tokens_by": prompt_set.counted_by, **gpu})
+        update={"prompts_digest": prompt_set.digest, "prompt_tokens_by": prompt_set.counted_by,
+                "prompt_source": workload.source, "endpoint": request.path_kind, "ignore_eos": request.ignore_eos,
+                "cache_reset": reset or ("unique prompts" if workload.source != "synthetic" else None),
+                "temperature": request.temperature, "top_p": request.top_p, **gpu})
     job.store.write_level(job.run_id, level.key, row, metrics.request_rows(run))
     return row
 
@@ -194,15 +244,17 @@ async def settle(target: BenchTarget, job: SweepJob, *, max_requests: int = 24, 
     t0 = time.perf_counter()
     if max_requests <= 0:
         return WarmUp(requests=0, ttft_ms=[], settled=False, seconds=0.0)
-    workload = job.workload.model_copy(update={"seed": job.workload.seed + 7_000_003})
     one = job.sweep.model_copy(update={"num_requests": 1, "warmup_requests": 0, "duration_s": None, "workers": 1})
     ttfts: list[float] = []
     settled = False
     async with target.api() as api:
         model = target.request.model or await api.first_model()
+        measured = (await _prompts(api, model, job.workload, 1)).prompts
+        workload = warmup_workload(job.workload, measured)
         prompts = (await _prompts(api, model, workload, max_requests)).prompts
+        request = request_for(target.request, job.workload, measured)
         for i in range(max_requests):
-            load = Load(base_url=target.base_url, request=target.request, prompts=(prompts[i],),
+            load = Load(base_url=target.base_url, request=request, prompts=(prompts[i],),
                         output_len=workload.output_len, sweep=one, model=model, engine=target.engine)
             run = await run_level(load, Level(index=0, mode="concurrency", value=1))
             ttft = metrics.ttft_s(run.records[0])

@@ -21,6 +21,8 @@ from specsweep.analysis.decision import DecisionConfig, level_verdict
 from specsweep.analysis.recommend import LevelVerdict, Recommendation, recommend
 from specsweep.analysis.slo import SLOView, requests_by_level, slo_view
 from specsweep.analysis.stats import Verdict, t_quantile
+from specsweep.analysis.traffic import COLUMNS as TRAFFIC_COLUMNS
+from specsweep.analysis.traffic import TrafficView, traffic_view
 from specsweep.analysis.verify import ARMS, Verification, verify_levels
 from specsweep.engines import PerBatchSetting, SpeculationSettings
 from specsweep.errors import ConfigError
@@ -76,6 +78,8 @@ class Comparison(BaseModel):
     slo: SLOView | None = Field(None, description="Capacity and goodput within the decision's latency targets.")
     verification: Verification | None = Field(None, description="The verify stage: the recommended setting run by the "
                                               "engine against always off and always on.")
+    traffic: TrafficView | None = Field(None, description="Per category of prompt and level, output lengths, and "
+                                        "whether speculation kept the greedy outputs.")
     notes: list[str] = Field(default_factory=list)
     baseline_run_id: str | None = None
     speculative_run_id: str | None = None
@@ -214,6 +218,10 @@ def compare_runs(store: ResultsStore, baseline_run_id: str, speculative_run_id: 
         comp.notes.append("The two configurations were not sent the same prompts at " + ", ".join(differ) +
                           " (their prompt digests differ: another workload, seed or tokenizer): the comparison there is "
                           "not paired by prompt.")
+    comp.traffic = traffic_view(store.request_fields(baseline_run_id, TRAFFIC_COLUMNS),
+                                store.request_fields(speculative_run_id, TRAFFIC_COLUMNS), base_rows, spec_rows,
+                                margin=decision.margin, names=(base_run.config_name, spec_run.config_name))
+    comp.notes += comp.traffic.notes
     comp = with_engine_setting(comp, engines.speculation_of(spec_run.command, spec_run.engine))
     comp.verification = verification_of(store, comp, decision, num_requests)
     if decision.slo is not None:

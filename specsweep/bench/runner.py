@@ -155,6 +155,8 @@ class Load:
     sweep: SweepConfig
     model: str | None = None
     engine: str = engines.CUSTOM
+    #: Prompts of the warm-up requests, none of them a measured one (empty: the measured prompts, from the end).
+    warmup_prompts: tuple[Prompt, ...] = ()
 
     @property
     def count(self) -> int:
@@ -185,28 +187,32 @@ async def run_level_in_process(
     level, sweep, opts = share.level, load.sweep, load.request
     count, warmup = share.count, share.warmup
     conc = int(level.value) if level.mode == "concurrency" else (sweep.max_concurrency or max(1, min(1024, count)))
-    url = load.base_url.rstrip("/") + PATHS[opts.endpoint]
+    url = load.base_url.rstrip("/") + PATHS[opts.path_kind]
     headers = bearer(opts.api_key)
     ensure_fd_limit(conc)
     pool = Pool(load.base_url, max(conc, 1))
     prompts = load.prompts
-    raws = [pool.request_bytes(PATHS[opts.endpoint], orjson.dumps(request_body(opts, p, load.output_len, load.model,
+    raws = [pool.request_bytes(PATHS[opts.path_kind], orjson.dumps(request_body(opts, p, load.output_len, load.model,
                                                                                load.engine)), headers)
             for p in prompts]
 
+    warm_raws = [pool.request_bytes(PATHS[opts.path_kind], orjson.dumps(request_body(opts, p, load.output_len, load.model,
+                                                                                    load.engine)), headers)
+                 for p in load.warmup_prompts] or raws
     reader = engines.EventReader(load.engine)
 
     async def send(rec: RequestRecord, i: int) -> None:
         p = prompts[i % len(prompts)]
+        rec.prompt_index, rec.category = i % len(prompts), p.category
         if p.input_tokens is not None:
             rec.prompt_tokens, rec.prompt_tokens_exact = p.input_tokens, p.exact
-        await stream_request(pool, raws[i % len(raws)], rec, opts.endpoint, opts.timeout_s, reader)
+        await stream_request(pool, raws[i % len(raws)], rec, opts.path_kind, opts.timeout_s, reader)
         if on_request is not None and i >= 0:
             on_request(rec)
 
     async def warm_send(rec: RequestRecord, i: int) -> None:
         rec.warmup = True
-        await stream_request(pool, raws[i % len(raws)], rec, opts.endpoint, opts.timeout_s, reader)
+        await stream_request(pool, warm_raws[i % len(warm_raws)], rec, opts.path_kind, opts.timeout_s, reader)
 
     if warmup:
         warm = await _closed_loop(warm_send, min(conc, warmup), warmup, None, -warmup)

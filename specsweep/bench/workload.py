@@ -1,4 +1,4 @@
-"""Prompts to send: synthetic text of a given token length, the bundled set, or the user's file.
+"""Prompts to send: synthetic text of a given token length, or a real prompt set (``datasets``).
 
 Lengths are exact where a tokenizer counts them: the model's own ``tokenizer.json`` read
 locally (``workload.tokenizer``; milliseconds for thousands of prompts), else the server's
@@ -15,14 +15,14 @@ the rounds, and the rounds stop as soon as no prompt's count can move closer to 
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
+from specsweep.bench import datasets
 from specsweep.bench.config import WorkloadConfig
 from specsweep.errors import ConfigError
 from specsweep.vocabulary import WORDS as _WORDS
@@ -37,9 +37,26 @@ Counter = Callable[[list[str]], Awaitable[list[int] | None]]
 
 @dataclass(frozen=True)
 class Prompt:
+    """One prompt as sent: its text (completions; what is counted), its chat messages where it has them,
+    its category, its own output length (under the workload's output_len) and its arrival in a trace."""
+
     text: str
     input_tokens: int | None
     exact: bool
+    messages: tuple[tuple[str, str], ...] | None = None
+    category: str | None = None
+    max_tokens: int | None = None
+    arrival_s: float | None = None
+
+    def to_wire(self) -> list[Any]:
+        return [self.text, self.input_tokens, self.exact, [list(m) for m in self.messages or ()] or None,
+                self.category, self.max_tokens, self.arrival_s]
+
+    @classmethod
+    def from_wire(cls, wire: list[Any]) -> Prompt:
+        text, n, exact, messages, category, max_tokens, arrival = wire
+        return cls(text, n, exact, tuple((r, c) for r, c in messages) if messages else None, category, max_tokens,
+                   arrival)
 
 
 @dataclass(frozen=True)
@@ -84,62 +101,27 @@ def local_tokenizer(path: Path) -> Tokenizer:
     return Tokenizer("local", count, trim)
 
 
-def _read_file(path: Path) -> list[str]:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"prompts_file {path} does not exist: give the path of a JSONL or Parquet file of prompts")
-    if path.suffix.lower() == ".parquet":
-        import pandas as pd
-
-        try:
-            df = pd.read_parquet(path)
-        except Exception as exc:  # noqa: BLE001 - any reader error is a bad file
-            raise ConfigError(f"prompts_file {path} is not a readable Parquet file ({type(exc).__name__}): give a "
-                              "Parquet file with a 'prompt' column, or JSONL") from None
-        if "prompt" not in df.columns:
-            raise ConfigError(f"prompts_file {path} has no 'prompt' column (columns: {list(df.columns)})")
-        prompts = [str(p) for p in df["prompt"].dropna()]
-    else:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except UnicodeDecodeError:
-            raise ConfigError(f"prompts_file {path} is not UTF-8 text: save it as UTF-8 JSONL") from None
-        prompts = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError:
-                raise ConfigError(
-                    f"prompts_file {path} line {n} is not JSON: each line must be an object like {{\"prompt\": \"...\"}}"
-                ) from None
-            if isinstance(item, str):
-                prompts.append(item)
-            elif isinstance(item, dict) and isinstance(item.get("prompt"), str):
-                prompts.append(item["prompt"])
-            else:
-                raise ConfigError(f"prompts_file {path} line {n} has no string field 'prompt': "
-                                  "each line must be an object like {\"prompt\": \"...\"}")
-    if not prompts:
-        raise ConfigError(f"prompts_file {path} holds no prompts: add one {{\"prompt\": \"...\"}} per line")
-    return prompts
+def items_of(config: WorkloadConfig) -> list[datasets.Item]:
+    """The source's prompts as it gives them (not for synthetic text)."""
+    if config.source == "mt-bench":
+        return datasets.mt_bench()
+    if config.source == "humaneval":
+        return datasets.humaneval()
+    if config.source == "sharegpt":
+        return datasets.sharegpt(config.prompts_file)
+    if config.source == "bundled":
+        return [datasets.Item(t) for t in bundled_prompts(config.bundled_set)]
+    if config.prompts_file is None:  # WorkloadConfig refuses this already; for the type checker
+        raise ConfigError("source is 'file' but prompts_file is empty")
+    return datasets.prompts_file(config.prompts_file)
 
 
 def check_source(config: WorkloadConfig) -> None:
     """Read the prompt source (and the tokenizer) once, so that a bad file is refused before any server starts."""
     if config.tokenizer is not None:
         local_tokenizer(config.tokenizer)
-    if config.source == "file":
-        _read_file(_prompts_file(config))
-    elif config.source == "bundled":
-        bundled_prompts(config.bundled_set)
-
-
-def _prompts_file(config: WorkloadConfig) -> Path:
-    if config.prompts_file is None:  # WorkloadConfig refuses this already; for the type checker
-        raise ConfigError("source is 'file' but prompts_file is empty")
-    return config.prompts_file
+    if config.source != "synthetic":
+        items_of(config)
 
 
 def bundled_prompts(name: str) -> list[str]:
@@ -147,7 +129,7 @@ def bundled_prompts(name: str) -> list[str]:
     if not path.exists():
         names = sorted(p.stem for p in PROMPTS_DIR.glob("*.jsonl"))
         raise ConfigError(f"bundled prompt set {name!r} does not exist: choose one of {names}")
-    return _read_file(path)
+    return [i.text for i in datasets.prompts_file(path)]
 
 
 MAX_ROUNDS = 32
@@ -160,12 +142,7 @@ def _approximate(texts: Sequence[str]) -> list[Prompt]:
 async def build_prompts(config: WorkloadConfig, count: int, tokenizer: Tokenizer | None = None) -> list[Prompt]:
     """``count`` prompts (cycling through the source when it holds fewer), counted by ``tokenizer``."""
     if config.source != "synthetic":
-        texts = bundled_prompts(config.bundled_set) if config.source == "bundled" else _read_file(_prompts_file(config))
-        chosen = [texts[(config.seed + i) % len(texts)] for i in range(count)]
-        counts = await tokenizer.count(chosen) if tokenizer and chosen else None
-        if counts is None:
-            return _approximate(chosen)
-        return [Prompt(t, n, exact=True) for t, n in zip(chosen, counts, strict=True)]
+        return await _from_items(items_of(config), config, count, tokenizer)
     rng = random.Random(config.seed)
     spread = config.input_len_range * config.input_len
     targets = [max(1, round(config.input_len + rng.uniform(-spread, spread))) for _ in range(count)]
@@ -176,6 +153,43 @@ async def build_prompts(config: WorkloadConfig, count: int, tokenizer: Tokenizer
         return _approximate([" ".join(ws[:max(1, round(t / TOKENS_PER_WORD))]) for ws, t in zip(words, targets, strict=True)])
     found = await _cut_at_tokens(words, targets, tokenizer) if tokenizer.trim is not None else None
     return found if found is not None else await _search_words(words, targets, tokenizer)
+
+
+async def _from_items(items: list[datasets.Item], config: WorkloadConfig, count: int,
+                      tokenizer: Tokenizer | None) -> list[Prompt]:
+    """``count`` of the set's prompts in a seeded order that takes its categories in turn (cycling), counted; a
+    ShareGPT answer's length becomes its prompt's output length (counted alike). A trace (arrival_s on every
+    line) keeps its order."""
+    if items[0].arrival_s is None:
+        items = _interleaved(items, config.seed)
+    chosen = [items[i % len(items)] for i in range(count)]
+    texts = [i.text for i in chosen]
+    answers = [i.answer for i in chosen if i.answer is not None]
+    counts = await tokenizer.count(texts + answers) if tokenizer and chosen else None
+    exact = counts is not None
+    if counts is None:
+        counts = [round(len(t.split()) * TOKENS_PER_WORD) for t in texts + answers]
+    answer_len = iter(counts[len(texts):])
+    return [Prompt(i.text, n, exact, i.messages, i.category,
+                   max(1, next(answer_len)) if i.answer is not None else i.max_tokens, i.arrival_s)
+            for i, n in zip(chosen, counts, strict=False)]
+
+
+def _interleaved(items: list[datasets.Item], seed: int) -> list[datasets.Item]:
+    """The set in a seeded order that takes its categories in turn (MT-Bench lists its questions category by
+    category): any stretch of it is a fair mix, and each category has its share of every block."""
+    rng = random.Random(seed)
+    groups: dict[str | None, list[datasets.Item]] = {}
+    for item in items:
+        groups.setdefault(item.category, []).append(item)
+    for group in groups.values():
+        rng.shuffle(group)
+    order = sorted(groups, key=lambda c: (c is None, c or ""))
+    rng.shuffle(order)
+    out: list[datasets.Item] = []
+    while any(groups.values()):
+        out += [groups[c].pop() for c in order if groups[c]]
+    return out
 
 
 async def _cut_at_tokens(words: list[list[str]], targets: list[int], tokenizer: Tokenizer) -> list[Prompt] | None:

@@ -64,11 +64,21 @@ def bench(
     num_prompts: NumPrompts = 64,
     input_len: InputLen = 128,
     output_len: OutputLen = 128,
-    endpoint: Annotated[str, typer.Option(help="completions, chat or generate (the native /generate).")] = "completions",
+    endpoint: Annotated[Optional[str], typer.Option(
+        help="completions, chat or generate (the native /generate). Default: chat for chat prompt sets, "
+             "completions for text.")] = None,
     engine: Annotated[str, typer.Option(help=f"What the server runs: {', '.join(engines.ENGINES)} or "
                                         f"{engines.CUSTOM}.")] = engines.CUSTOM,
-    dataset: Annotated[str, typer.Option(help="synthetic, bundled or file.")] = "synthetic",
-    prompts_file: Annotated[Optional[Path], typer.Option(help="JSONL or Parquet prompts (with --dataset file).")] = None,
+    dataset: Annotated[str, typer.Option(
+        help="synthetic (generated words: not real traffic), mt-bench, humaneval, sharegpt, file or bundled.")
+    ] = "synthetic",
+    prompts_file: Annotated[Optional[Path], typer.Option(
+        help="JSONL (prompts or chat messages) or Parquet (with --dataset file); ShareGPT JSON (sharegpt).")] = None,
+    ignore_eos: Annotated[Optional[bool], typer.Option(
+        "--ignore-eos/--natural-ends", help="Force every output to --output-len (default: only for synthetic "
+        "prompts), or let real prompts end naturally under it.")] = None,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature (always sent).")] = 0.0,
+    top_p: Annotated[float, typer.Option(help="Nucleus sampling (always sent).")] = 1.0,
     tokenizer: Annotated[Optional[Path], typer.Option(
         help="The model's tokenizer.json (or its folder): count prompt tokens here (default: the server's "
              "/tokenize).")] = None,
@@ -104,7 +114,8 @@ def bench(
             if api_key_env and not api_key:
                 raise ConfigError(f"--api-key-env {api_key_env}: that environment variable is not set")
             target = BenchTarget(base_url=url, engine=engine, request=RequestOptions(
-                endpoint=endpoint, api_key=SecretStr(api_key) if api_key else None, timeout_s=timeout))
+                endpoint=endpoint, api_key=SecretStr(api_key) if api_key else None, timeout_s=timeout,
+                ignore_eos=ignore_eos, temperature=temperature, top_p=top_p))
             sweep = SweepConfig(concurrency=numbers(concurrency, int, "--concurrency") or [1],
                                 request_rate=numbers(request_rate, float, "--request-rate"), num_requests=num_prompts,
                                 warmup_requests=warmup, repeats=repeat, workers=workers,

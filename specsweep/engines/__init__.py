@@ -86,6 +86,11 @@ def request_fields(name: str) -> dict[str, Any]:
     return dict(ENGINES[name].request_fields) if name in ENGINES else {}
 
 
+def cache_resets(name: str) -> list[str]:
+    """The endpoints that empty this engine's prefix cache (every engine's for a server of unknown kind)."""
+    return [e.cache_reset for e in _known_or_all(name) if e.cache_reset]
+
+
 class EventReader:
     """Takes the speculation figures of streamed events into a request's record: the engine's own
     fields, or every engine's for a server of unknown kind."""

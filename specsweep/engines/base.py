@@ -97,6 +97,9 @@ class Engine:
     metrics: ClassVar[MetricNames] = MetricNames()
     #: Added to every streamed OpenAI request body.
     request_fields: ClassVar[Mapping[str, Any]] = {}
+    #: Its endpoint (POST) that empties the prefix cache between blocks; None where it has none (the prompts are
+    #: then made unique per block).
+    cache_reset: ClassVar[str | None] = None
     #: What it can take of a recommendation: None when one server can run the per-batch setting (the verify
     #: stage runs it); else why not, in a sentence.
     no_per_batch_switch: ClassVar[str | None] = None

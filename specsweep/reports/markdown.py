@@ -8,6 +8,7 @@ from specsweep import engines
 from specsweep.analysis.compare import Comparison
 from specsweep.analysis.recommend import Recommendation
 from specsweep.analysis.slo import Side, SLOView
+from specsweep.analysis.traffic import CategoryLevel, TrafficView
 from specsweep.analysis.tuning import Tuning
 from specsweep.analysis.verify import Verification
 from specsweep.engines import PerBatchSetting
@@ -85,11 +86,46 @@ def comparison_markdown(comp: Comparison) -> str:
         "### Projected throughput",
         policies,
     ]
+    parts += traffic_markdown(comp.traffic)
     parts += slo_markdown(comp.slo)
     parts += verification_markdown(comp.verification)
     if comp.notes:
         parts.append("### Notes\n" + "\n".join(f"- {n}" for n in comp.notes))
     return "\n\n".join(parts)
+
+
+def traffic_markdown(view: TrafficView | None) -> list[str]:
+    """Per category of prompt: the ratio by level, the acceptance, an answer each; output lengths; lossless."""
+    if view is None or not view.levels:
+        return []
+    cs = sorted({lv.concurrency for lv in view.levels})
+    cells = {(lv.category, lv.concurrency): lv for lv in view.levels}
+
+    def cell(lv: CategoryLevel | None) -> str:
+        if lv is None:
+            return "-"
+        ci = f" [{lv.ratio_low:.2f}, {lv.ratio_high:.2f}]" if lv.ratio_low is not None and lv.ratio_high is not None else ""
+        accept = f", accept {lv.accept_length:.2f}" if lv.accept_length is not None else ""
+        return f"x{lv.ratio:.2f}{ci} {lv.verdict}{accept}"
+
+    rows = [[cat, *(cell(cells.get((cat, c))) for c in cs),
+             headline(view.recommendations[cat]) if cat in view.recommendations else "-"] for cat in view.categories]
+    lengths = markdown_table(["configuration", "concurrency", "requests", "output tokens p10 / p50 / p90",
+                              "ended naturally"],
+                             [[o.config, str(o.concurrency), str(o.requests), f"{o.p10:.0f} / {o.p50:.0f} / {o.p90:.0f}",
+                               f"{o.stop_share:.0%}" if o.stop_share is not None else "-"] for o in view.lengths])
+    parts = [f"### By category of prompt ({view.source or 'unknown'} prompts)",
+             markdown_table(["category", *(f"C={c}" for c in cs), "answer"], rows),
+             "Each cell: the speculative configuration's per-request speed over the baseline's, paired by prompt "
+             "(geometric mean, with its interval), the verdict, and the speculative engine's output tokens per verify "
+             "step where its answers say.",
+             "### Output lengths", lengths]
+    if view.lossless:
+        parts.append("### Same outputs at temperature 0\n\n" + ", ".join(
+            f"C={lv.concurrency}: {lv.same} of {lv.pairs} prompts ({lv.share:.0%})" for lv in view.lossless)
+            + ". Speculative decoding verifies every token against the target: greedy outputs should match but for "
+              "numerical noise.")
+    return parts
 
 
 def slo_markdown(view: SLOView | None) -> list[str]:

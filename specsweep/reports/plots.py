@@ -25,6 +25,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator  # noqa: E402
 
 from specsweep.analysis.compare import Comparison  # noqa: E402
+from specsweep.analysis.traffic import MIX  # noqa: E402
 from specsweep.analysis.tuning import Tuning  # noqa: E402
 
 DPI = 90
@@ -135,7 +136,46 @@ def comparison_plots(comp: Comparison) -> dict[str, bytes]:
     ax.grid(alpha=0.3)
     ax.legend()
     out["pareto"] = _png(fig)
+    if (by_category := category_plot(comp)) is not None:
+        out["categories"] = by_category
     return out
+
+
+def category_plot(comp: Comparison) -> bytes | None:
+    """Acceptance and speedup by category of prompt (None where the prompts had no categories)."""
+    view = comp.traffic
+    if view is None or not any(lv.category not in (MIX, "(none)") for lv in view.levels):
+        return None
+    cats = view.categories
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11.0, 4.0))
+    cs = sorted({lv.concurrency for lv in view.levels})
+    width = 0.8 / max(1, len(cs))
+    colours = plt.get_cmap("viridis")
+    for j, c in enumerate(cs):
+        accept = [next((lv.accept_length for lv in view.levels if lv.category == cat and lv.concurrency == c), None)
+                  for cat in cats]
+        a1.bar([i + (j - (len(cs) - 1) / 2) * width for i in range(len(cats))],
+               [float("nan") if a is None else a for a in accept], width, label=f"C={c}",
+               color=colours(j / max(1, len(cs) - 1)))
+    a1.set_xticks(range(len(cats)), [c.replace("(mix as sent)", "mix") for c in cats], rotation=30, ha="right",
+                  fontsize=8)
+    a1.set(ylabel="output tokens per verify step", title=f"Acceptance by category ({comp.speculative})")
+    top = max((lv.accept_length or 0.0 for lv in view.levels), default=1.0)
+    a1.set_ylim(0, max(1.0, top) * 1.25)  # room for the legend above the bars
+    a1.legend(fontsize=7, ncol=len(cs), loc="upper center")
+    for cat in cats:
+        levels = sorted((lv for lv in view.levels if lv.category == cat), key=lambda lv: lv.concurrency)
+        mix = cat == MIX
+        a2.plot([lv.concurrency for lv in levels], [lv.ratio for lv in levels], "o-" if not mix else "s-",
+                color="black" if mix else None, lw=2.5 if mix else 1, alpha=1 if mix else 0.75,
+                label="mix as sent" if mix else cat)
+    a2.axhspan(1 - comp.margin, 1 + comp.margin, color="grey", alpha=0.15)
+    a2.axhline(1.0, color="grey", lw=1)
+    _concurrency_axis(a2, cs)
+    a2.set(ylabel="speculative / baseline per-request speed", title="Speedup by category")
+    a2.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return _png(fig)
 
 
 def tuning_plot(tuning: Tuning) -> bytes:

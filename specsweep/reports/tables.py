@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specsweep.analysis.compare import Comparison
+from specsweep.analysis.traffic import MIX, TrafficView
 from specsweep.analysis.tuning import Tuning
 from specsweep.analysis.verify import Verification
 from specsweep.records import LevelRow
@@ -104,10 +105,29 @@ def print_comparison(comp: Comparison, out: Console | None = None) -> None:
         out.print("goodput tok/s within the targets (base/spec): " + ", ".join(
             f"{lv.concurrency}: {lv.baseline.goodput_tokens_per_s:,.0f}/{lv.speculative.goodput_tokens_per_s:,.0f}"
             for lv in comp.slo.levels), markup=False)
+    if comp.traffic is not None and any(lv.category not in (MIX, "(none)") for lv in comp.traffic.levels):
+        _print_categories(out, comp.traffic)
     if comp.verification is not None:
         _print_verification(out, comp.verification)
     for note in comp.notes:
         out.print(f"note: {note}", markup=False)
+
+
+def _print_categories(out: Console, view: TrafficView) -> None:
+    cs = sorted({lv.concurrency for lv in view.levels})
+    table = Table(title=f"by category ({view.source} prompts): speculative / baseline per-request speed, verdict")
+    for col in ("category", *(f"C={c}" for c in cs), "answer"):
+        table.add_column(col, justify="left")
+    cells = {(lv.category, lv.concurrency): lv for lv in view.levels}
+    for cat in view.categories:
+        row = []
+        for c in cs:
+            lv = cells.get((cat, c))
+            row.append("-" if lv is None else f"{lv.ratio:.2f} {lv.verdict}"
+                       + (f" (accept {lv.accept_length:.2f})" if lv.accept_length is not None else ""))
+        rec = view.recommendations.get(cat)
+        table.add_row(cat, *row, headline(rec) if rec is not None else "-")
+    out.print(table)
 
 
 def _print_verification(out: Console, v: Verification) -> None:

@@ -166,6 +166,15 @@ class ServerAPI:
             return str(models[0]["id"])
         return None
 
+    async def reset_prefix_cache(self, paths: Sequence[str]) -> str | None:
+        """Empty the server's prefix cache through the first of ``paths`` (POST) it answers with 2xx; the path
+        that did it, or None (no such endpoint, or refused)."""
+        for path in paths:
+            answer = await self._maybe("POST", path, timeout_s=min(self.timeout_s, 30.0))
+            if answer is not None and 200 <= answer.status < 300:
+                return path
+        return None
+
     async def metrics_text(self) -> str | None:
         """The Prometheus page at ``/metrics``, or None."""
         answer = await self._maybe("GET", "/metrics")

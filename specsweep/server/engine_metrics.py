@@ -3,9 +3,10 @@
 Each engine names the same things its own way (its module lists its names); ``snapshot`` reads a
 page into one vocabulary:
 
-    gauges    running, waiting (requests), kv_cache (fraction used)
+    gauges    running, waiting (requests), kv_cache (fraction used), prefix_cache_hit_rate
     counters  preemptions, prompt_tokens, generation_tokens, spec_drafts, spec_draft_tokens,
-              spec_accepted_tokens, spec_accepted_pos<i> (accepted tokens per draft position)
+              spec_accepted_tokens, spec_accepted_pos<i> (accepted tokens per draft position),
+              prefix_cache_queries, prefix_cache_hits (prompt tokens looked up, found)
 
 Where one engine serves a quantity under two names at once, the first name listed is taken.
 Counters are cumulative over the server's life: a level's figure is the difference of the
@@ -29,9 +30,9 @@ from typing import Any
 from specsweep import engines
 from specsweep.server.periodic import Periodic
 
-GAUGE_KEYS = ("running", "waiting", "kv_cache")
+GAUGE_KEYS = ("running", "waiting", "kv_cache", "prefix_cache_hit_rate")
 COUNTER_KEYS = ("preemptions", "prompt_tokens", "generation_tokens", "spec_drafts", "spec_draft_tokens",
-                "spec_accepted_tokens")
+                "spec_accepted_tokens", "prefix_cache_queries", "prefix_cache_hits")
 
 
 def _vocabulary() -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, ...]], tuple[str, ...]]:
@@ -132,6 +133,14 @@ def level_figures(before: dict[str, float], after: dict[str, float],
         values = [r[gauge] for r in during if gauge in r]
         out[f"engine_{gauge}_mean"] = statistics.fmean(values) if values else None
         out[f"engine_{gauge}_max"] = max(values) if values else None
+    # The prefix cache's hits over the level: from its counters where the engine counts them, else its gauge.
+    queried = diff.get("prefix_cache_queries")
+    if queried:
+        out["engine_prefix_cache_hit_rate"] = (diff.get("prefix_cache_hits") or 0.0) / queried
+    else:
+        out["engine_prefix_cache_hit_rate"] = out.pop("engine_prefix_cache_hit_rate_mean", None)
+    out.pop("engine_prefix_cache_hit_rate_mean", None)
+    out.pop("engine_prefix_cache_hit_rate_max", None)
     drafts = diff.get("spec_drafts") or 0.0
     positions = sorted((int(k.removeprefix("spec_accepted_pos")), v) for k, v in diff.items()
                        if k.startswith("spec_accepted_pos"))

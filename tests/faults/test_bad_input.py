@@ -155,7 +155,7 @@ PROMPT_CASES = {
     "empty": "holds no prompts: add one",
     "not UTF-8": "is not UTF-8 text: save it as UTF-8 JSONL",
     "not JSONL": "line 1 is not JSON: each line must be an object like",
-    "no prompt field": "line 1 has no string field 'prompt'",
+    "no prompt field": "line 1 has neither a string 'prompt' nor 'messages'",
     "missing": "does not exist: give the path of a JSONL or Parquet file",
 }
 

@@ -231,12 +231,13 @@ class SGLang(Engine):
     default_grid = {"num_steps": [1, 3, 5]}
     metrics = MetricNames(
         gauges={"running": ("sglang:num_running_reqs",), "waiting": ("sglang:num_queue_reqs",),
-                "kv_cache": ("sglang:token_usage",)},
+                "kv_cache": ("sglang:token_usage",), "prefix_cache_hit_rate": ("sglang:cache_hit_rate",)},
         counters={"preemptions": ("sglang:num_retracted_reqs_total",),
                   "prompt_tokens": ("sglang:prompt_tokens_total",),
                   "generation_tokens": ("sglang:generation_tokens_total",)},
     )
     request_fields = {"return_spec_tokens_details": True}
+    cache_reset = "/flush_cache"
 
     def presets(self) -> Mapping[str, Preset]:
         return {

@@ -222,9 +222,13 @@ class VLLM(Engine):
                   "generation_tokens": ("vllm:generation_tokens_total",),
                   "spec_drafts": ("vllm:spec_decode_num_drafts_total",),
                   "spec_draft_tokens": ("vllm:spec_decode_num_draft_tokens_total",),
-                  "spec_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens_total",)},
+                  "spec_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens_total",),
+                  "prefix_cache_queries": ("vllm:prefix_cache_queries_total",),
+                  "prefix_cache_hits": ("vllm:prefix_cache_hits_total",)},
         per_position=("vllm:spec_decode_num_accepted_tokens_per_pos_total",),
     )
+    #: Served where the server runs with VLLM_SERVER_DEV_MODE=1; elsewhere prompts are made unique per block.
+    cache_reset = "/reset_prefix_cache"
 
     def presets(self) -> Mapping[str, Preset]:
         return {name: _preset(method) for name, method in _PRESETS.items()}

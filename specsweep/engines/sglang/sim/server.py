@@ -26,6 +26,7 @@ import random
 import re
 import sys
 import time
+import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,6 +51,12 @@ _WORDS = ("the model serves tokens quickly while the batch grows and the cache f
           "river light music garden window letter story answer number system").split()
 _TOKEN_RX = re.compile(r"\w+|[^\w\s]")
 VERSION = "0.5.4-specsweep-sim"
+
+
+def natural_length(prompt: str) -> int:
+    """Where the answer to ``prompt`` ends without ignore_eos: 8 to 512 tokens, the same for the same prompt
+    on every server (as a model's greedy answer is), so that outputs can be compared between configurations."""
+    return 8 + zlib.crc32(prompt.encode()) % 505
 
 
 def count_tokens(text: str) -> int:
@@ -215,6 +222,9 @@ class SimServer:
         max_running = args.max_running_requests or self.profile.max_running_requests
         self.engine = Engine(self.profile, self.speculative, self.max_draft, max_running, self.rng, args.adaptive_tiers)
         self.prompt_tokens_total = 0
+        # A prefix cache as far as the benchmark can see it: a prompt seen since the last flush is a hit.
+        self.cached: set[int] = set()
+        self.cache_lookups = self.cache_hits = 0
         self.faults = Faults(
             crash_on_start=args.fault_crash_on_start, never_healthy=args.fault_never_healthy,
             die_after=args.fault_die_after, hang_after=args.fault_hang_after, error_rate=args.fault_error_rate,
@@ -243,8 +253,11 @@ class SimServer:
             self._token_log.popitem(last=False)
         return times
 
-    def _text(self, k: int, start: int) -> str:
-        return "".join(" " + _WORDS[(start + i) % len(_WORDS)] for i in range(k))
+    @staticmethod
+    def _text(k: int, start: int, prompt: str = "") -> str:
+        """Tokens ``start`` to ``start + k`` of the answer to ``prompt`` (the same answer on every server)."""
+        salt = zlib.crc32(prompt.encode()) if prompt else 0
+        return "".join(" " + _WORDS[(salt + start + i) % len(_WORDS)] for i in range(k))
 
     def _check_generation_faults(self) -> web.Response | None:
         self.requests_started += 1
@@ -358,6 +371,8 @@ class SimServer:
             ("sglang:num_running_reqs", "gauge", "The number of running requests.", len(e.running)),
             ("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", len(e.waiting)),
             ("sglang:token_usage", "gauge", "The token usage.", len(e.running) / e.max_running),
+            ("sglang:cache_hit_rate", "gauge", "The prefix cache hit rate.",
+             self.cache_hits / self.cache_lookups if self.cache_lookups else 0.0),
             ("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.", self.prompt_tokens_total),
             ("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.", e.total_tokens),
         ]
@@ -367,6 +382,21 @@ class SimServer:
         text = "".join(f"# HELP {name} {help_}\n# TYPE {name} {kind}\n{name}{label} {float(value)!r}\n"
                        for name, kind, help_, value in rows)
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
+
+    def _look_up(self, prompt: str) -> None:
+        key = zlib.crc32(prompt.encode())
+        self.cache_lookups += 1
+        self.cache_hits += key in self.cached
+        self.cached.add(key)
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        """SGLang's /flush_cache: empties the prefix cache (refused while requests run, as SGLang does)."""
+        if self.engine.running:
+            return web.Response(status=400, text="Cache not flushed: there are running requests.")
+        self.cached.clear()
+        self.cache_lookups = self.cache_hits = 0
+        return web.Response(text="Cache flushed.\nPlease check backend logs for more details. (When there are running "
+                                 "or waiting requests, the operation will not be performed.)\n")
 
     def _auth(self, request: web.Request) -> web.Response | None:
         if self.args.api_key and request.headers.get("Authorization") != f"Bearer {self.args.api_key}":
@@ -381,13 +411,14 @@ class SimServer:
         if (fault := self._check_generation_faults()) is not None:
             return fault
         await self._cold()
-        max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
-        if not body.get("ignore_eos", False):
-            max_tokens = min(max_tokens, self.rng.randint(8, 512))
+        requested = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
         prompt = (" ".join(m.get("content", "") for m in body.get("messages", []) if isinstance(m.get("content"), str))
                   if chat else str(body.get("prompt", "")))
+        max_tokens = requested if body.get("ignore_eos", False) else min(requested, natural_length(prompt))
+        end = "stop" if max_tokens < requested else "length"
         prompt_tokens = count_tokens(prompt)
         self.prompt_tokens_total += prompt_tokens
+        self._look_up(prompt)
         rid = self._new_id()
         created = int(time.time())
         model = body.get("model") or self.model_name()
@@ -396,13 +427,13 @@ class SimServer:
         if not body.get("stream"):
             produced, text, steps = 0, "", 0
             async for k, _ in self._tokens(max_tokens):
-                text += self._text(k, produced)
+                text += self._text(k, produced, prompt)
                 produced += k
                 steps += 1
             self._finished_one()
             usage = {"prompt_tokens": prompt_tokens, "completion_tokens": produced, "total_tokens": prompt_tokens + produced}
-            choice: dict[str, Any] = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
-                                      if chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"})
+            choice: dict[str, Any] = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": end}
+                                      if chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": end})
             return web.json_response({"id": rid, "object": "chat.completion" if chat else "text_completion",
                                       "created": created, "model": model, "choices": [choice], "usage": usage})
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
@@ -416,7 +447,8 @@ class SimServer:
         out: web.StreamResponse | _Trickle = _Trickle(resp, self.faults.trickle_s) if self.faults.trickle_s else resp
         faulty = cut_at or malformed_at or stall_at or self.faults.trickle_s
         if self.profile.direct and not self.profile.token_interval_s and not faulty:
-            await self._instant_stream(resp, rid, obj, created, model, chat, prompt_tokens, max_tokens, continuous, times)
+            await self._instant_stream(resp, rid, obj, created, model, chat, prompt_tokens, max_tokens, continuous, times,
+                                       end)
             if opts.get("include_usage"):
                 usage = {"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens,
                          "total_tokens": prompt_tokens + max_tokens}
@@ -428,11 +460,11 @@ class SimServer:
         want_spec = bool(body.get("return_spec_tokens_details")) and self.speculative
         steps = drafted = 0
         async for k, d in self._tokens(max_tokens):
-            text = self._text(k, produced)
+            text = self._text(k, produced, prompt)
             produced += k
             steps += 1
             drafted += d
-            finish = "length" if produced >= max_tokens else None
+            finish = end if produced >= max_tokens else None
             choice = ({"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": finish}
                       if chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": finish})
             event: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
@@ -476,7 +508,7 @@ class SimServer:
                 "spec_accept_rate": correct / proposed if proposed else 0.0}
 
     async def _instant_stream(self, resp: web.StreamResponse, rid: str, obj: str, created: int, model: str, chat: bool,
-                              prompt_tokens: int, n: int, continuous: bool, times: list[float]) -> None:
+                              prompt_tokens: int, n: int, continuous: bool, times: list[float], end: str) -> None:
         """As fast as the server can: one token per SSE event, events pre-rendered, written 16 at a time
         (what TCP does anyway when a fast server streams to a client that is reading)."""
         head = orjson.dumps({"id": rid, "object": obj, "created": created, "model": model})[:-1]
@@ -485,7 +517,7 @@ class SimServer:
         batch: list[bytes] = []
         for i in range(n):
             text = orjson.dumps(" " + _WORDS[i % len(_WORDS)])
-            finish = b'"length"' if i == n - 1 else b"null"
+            finish = b'"%s"' % end.encode() if i == n - 1 else b"null"
             usage = (b',"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}'
                      % (prompt_tokens, i + 1, prompt_tokens + i + 1)) if continuous else b""
             batch.append(b"data: " + head + b',"choices":[{"index":0,' + field + text + tail_close
@@ -503,17 +535,18 @@ class SimServer:
         if (fault := self._check_generation_faults()) is not None:
             return fault
         sp = body.get("sampling_params") or {}
-        max_tokens = int(sp.get("max_new_tokens") or 128)
-        if not sp.get("ignore_eos", False):
-            max_tokens = min(max_tokens, self.rng.randint(8, 512))
+        requested = int(sp.get("max_new_tokens") or 128)
+        max_tokens = requested if sp.get("ignore_eos", False) else min(requested, natural_length(str(body.get("text", ""))))
+        end = "stop" if max_tokens < requested else "length"
         prompt_tokens = count_tokens(str(body.get("text", "")))
         self.prompt_tokens_total += prompt_tokens
+        self._look_up(str(body.get("text", "")))
         rid = self._new_id()
         text, produced, steps = "", 0, 0
 
         def meta(done: bool) -> dict[str, Any]:
             m: dict[str, Any] = {"id": rid, "prompt_tokens": prompt_tokens, "completion_tokens": produced,
-                                 "cached_tokens": 0, "finish_reason": {"type": "length", "length": produced} if done else None}
+                                 "cached_tokens": 0, "finish_reason": {"type": end, "length": produced} if done else None}
             if self.speculative:
                 m["spec_verify_ct"] = steps
                 m["spec_accept_length"] = produced / steps if steps else 0.0
@@ -521,7 +554,7 @@ class SimServer:
 
         if not body.get("stream"):
             async for k, _ in self._tokens(max_tokens):
-                text += self._text(k, produced)
+                text += self._text(k, produced, str(body.get("text", "")))
                 produced += k
                 steps += 1
             self._finished_one()
@@ -530,7 +563,7 @@ class SimServer:
         await resp.prepare(request)
         times = self._times(rid)
         async for k, _ in self._tokens(max_tokens):
-            text += self._text(k, produced)
+            text += self._text(k, produced, str(body.get("text", "")))
             produced += k
             steps += 1
             await resp.write(b"data: " + orjson.dumps({"text": text, "meta_info": meta(produced >= max_tokens)}) + b"\n\n")
@@ -643,6 +676,7 @@ async def serve(args: argparse.Namespace, ignored: list[str]) -> None:
     r.add_post("/v1/chat/completions", sim.openai)
     r.add_post("/generate", sim.generate)
     r.add_post("/tokenize", sim.tokenize)
+    r.add_post("/flush_cache", sim.flush_cache)
     r.add_get("/sim/token_times", sim.token_times)
     r.add_get("/metrics", sim.metrics)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)

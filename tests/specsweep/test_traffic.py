@@ -1,0 +1,87 @@
+"""The answer per category of prompt, paired by prompt, and the lossless check: from request records as
+the store keeps them."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from specsweep.analysis.traffic import LOSSLESS_MIN_SHARE, MIX, traffic_view
+from specsweep.records import LevelRow
+
+
+def level(c: int, repeat: int = 0, **fields: Any) -> LevelRow:
+    return LevelRow.model_validate({"config_name": "x", "level_index": {1: 0, 8: 1}[c], "mode": "concurrency",
+                                    "concurrency": c, "repeat": repeat, "prompt_source": "mt-bench",
+                                    "temperature": 0.0, **fields})
+
+
+def requests(speed: dict[tuple[str, int], float], *, seed: int, digest: str = "same", steps: float | None = None,
+             n: int = 12) -> list[dict[str, Any]]:
+    """``n`` prompts per category at C=1 and C=8 (block 0), each request's speed its category's at that level,
+    with a little noise."""
+    rng = random.Random(seed)
+    out = []
+    for c in (1, 8):
+        for i, cat in enumerate(sorted({k[0] for k in speed}) * n):
+            tokens = 100 + (i * 7) % 50
+            rate = speed[(cat, c)] * rng.uniform(0.97, 1.03)
+            out.append({"mode": "concurrency", "level_value": float(c), "repeat": 0, "warmup": False, "prompt_index": i,
+                        "category": cat, "output_tokens": tokens, "e2e_ms": tokens / rate * 1000, "error_type": None,
+                        "spec_verify_ct": round(tokens / steps) if steps else None,
+                        "output_digest": f"{digest}-{c}-{i}", "finish_reason": "stop"})
+    return out
+
+
+def test_categories_get_their_own_answer_and_the_mix_its_own() -> None:
+    # Coding pays at both loads; writing pays at one stream and loses at eight.
+    base = {("coding", 1): 50.0, ("coding", 8): 30.0, ("writing", 1): 50.0, ("writing", 8): 30.0}
+    spec = {("coding", 1): 80.0, ("coding", 8): 36.0, ("writing", 1): 60.0, ("writing", 8): 21.0}
+    rows = [level(1), level(8)]
+    view = traffic_view(requests(base, seed=1), requests(spec, seed=2, steps=2.5), rows, rows, margin=0.03)
+    cells = {(lv.category, lv.concurrency): lv for lv in view.levels}
+    assert cells[("coding", 1)].verdict == "faster" and cells[("coding", 8)].verdict == "faster"
+    assert cells[("writing", 1)].verdict == "faster" and cells[("writing", 8)].verdict == "slower"
+    assert abs(cells[("writing", 8)].ratio - 0.7) < 0.03 and cells[("coding", 1)].pairs == 12
+    assert abs(cells[("coding", 1)].accept_length - 2.5) < 0.1
+    assert view.recommendations["writing"].speculation_off_from == 8
+    assert view.recommendations["coding"].speculation_off_from is None
+    assert MIX in view.categories and cells[(MIX, 1)].pairs == 24
+    # The same outputs: nothing flagged; output lengths per configuration and level.
+    assert [(lv.concurrency, lv.share) for lv in view.lossless] == [(1, 1.0), (8, 1.0)]
+    assert not any("Not like for like" in n for n in view.notes)
+    assert {(o.config, o.concurrency) for o in view.lengths} == {(n, c) for n in ("baseline", "speculative")
+                                                                   for c in (1, 8)}
+    assert all(o.stop_share == 1.0 and 100 <= o.p10 <= o.p50 <= o.p90 < 150 for o in view.lengths)
+
+
+def test_a_speculative_server_that_changes_greedy_outputs_is_flagged() -> None:
+    speed = {("coding", 1): 50.0, ("coding", 8): 30.0}
+    rows = [level(1), level(8)]
+    spec = requests(speed, seed=2)
+    for rec in spec[::2]:  # half the outputs differ
+        rec["output_digest"] = "other"
+    view = traffic_view(requests(speed, seed=1), spec, rows, rows, margin=0.03)
+    assert all(lv.share == 0.5 < LOSSLESS_MIN_SHARE for lv in view.lossless)
+    assert any("Not like for like" in n and "6 of 12 prompts at C=1" in n for n in view.notes)
+    # At a temperature above 0 outputs are samples: nothing to compare.
+    warm = [level(1, temperature=0.7), level(8, temperature=0.7)]
+    assert traffic_view(requests(speed, seed=1), spec, warm, warm, margin=0.03).lossless == []
+
+
+def test_only_prompts_both_configurations_measured_in_counted_blocks_pair_up() -> None:
+    speed = {("coding", 1): 50.0, ("coding", 8): 30.0}
+    base_rows = [level(1), level(8, disturbed="no token arrived for 2.00 s")]
+    spec_rows = [level(1), level(8)]
+    base, spec = requests(speed, seed=1), requests(speed, seed=2)
+    spec[0]["error_type"] = "Timeout"
+    view = traffic_view(base, spec, base_rows, spec_rows, margin=0.03)
+    assert {lv.concurrency for lv in view.levels} == {1}  # C=8's baseline block was set aside
+    assert next(lv for lv in view.levels if lv.category == "coding").pairs == 11  # a failed request pairs with nothing
+
+
+def test_synthetic_text_is_said_not_to_represent_real_traffic() -> None:
+    speed = {("(none)", 1): 50.0, ("(none)", 8): 30.0}
+    rows = [level(1, prompt_source="synthetic", ignore_eos=True), level(8, prompt_source="synthetic", ignore_eos=True)]
+    view = traffic_view(requests(speed, seed=1), requests(speed, seed=2), rows, rows, margin=0.03)
+    assert any(n.startswith("Measured on synthetic text") for n in view.notes)
