@@ -22,19 +22,23 @@ from pydantic import ValidationError
 from specsweep import engines
 from specsweep.analysis.decision import DecisionConfig
 from specsweep.analysis.slo import SLO
+from specsweep.bench.config import WorkloadConfig
 from specsweep.cli import app
 from specsweep.cli import server as server_cli
 from specsweep.cli.options import (
     Budget,
+    Dataset,
     Design,
     HostFile,
     Levels,
     Margin,
     NumPrompts,
     OutputLen,
+    PromptsFile,
     Results,
     SloTpot,
     SloTtft,
+    Temperatures,
     fail,
     host_config,
     number,
@@ -54,12 +58,19 @@ from specsweep.results import comparison_folder, tuning_folder
 _SWEEP, _WORKLOAD = LOCAL_BENCHMARK.sweep, LOCAL_BENCHMARK.workload
 
 
-def _benchmark(levels: str, num_prompts: int, output_len: int, results: str) -> BenchmarkSettings:
+def _benchmark(levels: str, num_prompts: int, output_len: int, results: str, dataset: str = "synthetic",
+               prompts_file: Path | None = None, temperatures: str | None = None) -> BenchmarkSettings:
+    try:
+        workload = WorkloadConfig.model_validate({**_WORKLOAD.model_dump(), "output_len": output_len,
+                                                  "source": dataset, "prompts_file": prompts_file})
+        request = LOCAL_BENCHMARK.request.model_validate({**LOCAL_BENCHMARK.request.model_dump(),
+                                                         "temperatures": numbers(temperatures, float, "--temperatures")})
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, "--dataset/--prompts-file/--temperatures")) from None
     return LOCAL_BENCHMARK.model_copy(update={
         "sweep": _SWEEP.model_copy(update={"concurrency": numbers(levels, int, "--concurrency"),
                                            "num_requests": num_prompts}),
-        "workload": _WORKLOAD.model_copy(update={"output_len": output_len}),
-        "results": results,
+        "workload": workload, "request": request, "results": results,
     })
 
 
@@ -91,6 +102,9 @@ def compare_local(
     levels: Levels = ",".join(map(str, _SWEEP.concurrency)),
     num_prompts: NumPrompts = _SWEEP.num_requests,
     output_len: OutputLen = _WORKLOAD.output_len,
+    dataset: Dataset = "synthetic",
+    prompts_file: PromptsFile = None,
+    temperatures: Temperatures = None,
     design: Design = LOCAL_DECISION.design,
     margin: Margin = LOCAL_DECISION.margin,
     max_requests_per_level: Budget = LOCAL_DECISION.max_requests_per_level,
@@ -106,7 +120,8 @@ def compare_local(
     t0 = time.monotonic()
     try:
         decision = _decision(design, margin, max_requests_per_level, slo_ttft, slo_tpot)
-        result = asyncio.run(compare_local_llamacpp(benchmark=_benchmark(levels, num_prompts, output_len, results),
+        benchmark = _benchmark(levels, num_prompts, output_len, results, dataset, prompts_file, temperatures)
+        result = asyncio.run(compare_local_llamacpp(benchmark=benchmark,
                                                     decision=decision))
     except SpecsweepError as exc:
         fail(exc)
@@ -123,6 +138,9 @@ def compare_speculation(
     levels: Levels = ",".join(map(str, _SWEEP.concurrency)),
     num_prompts: NumPrompts = _SWEEP.num_requests,
     output_len: OutputLen = _WORKLOAD.output_len,
+    dataset: Dataset = "synthetic",
+    prompts_file: PromptsFile = None,
+    temperatures: Temperatures = None,
     design: Design = LOCAL_DECISION.design,
     alternate_by: Annotated[str, typer.Option(help="side-by-side: the servers up at once; restart: one at a time, "
                                               "restarted per block (when they do not fit together).")]
@@ -149,7 +167,7 @@ def compare_speculation(
                              verify=verify)
         if verify:
             engines.check_verifiable(engine, "--verify")
-        benchmark = _benchmark(levels, num_prompts, output_len, results)
+        benchmark = _benchmark(levels, num_prompts, output_len, results, dataset, prompts_file, temperatures)
         if isinstance(chosen, LlamaCppSettings):
             run = flows_.compare_local_llamacpp(llamacpp=chosen, benchmark=benchmark, decision=decision)
         elif isinstance(chosen, SGLangSettings):
@@ -199,6 +217,8 @@ def tune(
     levels: Levels = ",".join(map(str, _SWEEP.concurrency)),
     num_prompts: NumPrompts = _SWEEP.num_requests,
     output_len: OutputLen = _WORKLOAD.output_len,
+    dataset: Dataset = "synthetic",
+    prompts_file: PromptsFile = None,
     margin: Margin = LOCAL_DECISION.margin,
     max_requests_per_level: Budget = LOCAL_DECISION.max_requests_per_level,
     results: Results = LOCAL_BENCHMARK.results,
@@ -217,7 +237,8 @@ def tune(
                                                      "max_requests_per_level": max_requests_per_level})
         result = asyncio.run(tune_speculation(
             **{engine: chosen}, grid=points, host=host_config(host_file),  # type: ignore[arg-type]
-            benchmark=_benchmark(levels, num_prompts, output_len, results), decision=decision))
+            benchmark=_benchmark(levels, num_prompts, output_len, results, dataset, prompts_file),
+            decision=decision))
     except SpecsweepError as exc:
         fail(exc)
     print_tuning(result.tuning)

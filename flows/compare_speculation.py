@@ -31,7 +31,7 @@ from specsweep.profiles import ProfileParams, ServerProfile
 from tasks.arms import ServerArm
 from tasks.cleanup import benchmark_flow
 from tasks.host import hold_host
-from tasks.results import compare_configurations, publish_configuration
+from tasks.results import compare_configurations, publish_configuration, publish_temperatures
 from tasks.run import ConfigurationResult, prepare_run
 from tasks.verify import verify_recommendation
 
@@ -41,6 +41,7 @@ class ComparisonResult(BaseModel):
     speculative: ConfigurationResult
     comparison: Comparison
     results: str
+    by_temperature: dict[str, Comparison] = {}  # benchmark.request.temperatures: the answer at each
 
 
 @benchmark_flow("compare-speculation", servers=lambda p: [ServerProfile.model_validate(p[k])
@@ -49,6 +50,8 @@ async def compare_speculation(baseline: ProfileParams, speculative: ProfileParam
                               benchmark: BenchmarkSettings = BenchmarkSettings(),
                               decision: DecisionConfig = DecisionConfig()) -> ComparisonResult:
     """Measure both configurations, level by level until each is decided, and say where speculation stops paying."""
+    if benchmark.request.temperatures:
+        return await _at_each_temperature(baseline, speculative, host, benchmark, decision)
     logger = get_run_logger()
     logger.info("comparing %s (baseline) with %s (speculative) on %s; %s design, margin ±%.0f %%", baseline.name,
                 speculative.name, host.label, decision.design if decision.design == "sequential"
@@ -76,6 +79,22 @@ async def compare_speculation(baseline: ProfileParams, speculative: ProfileParam
     return ComparisonResult(baseline=ConfigurationResult.of(base, base_rows),
                             speculative=ConfigurationResult.of(spec, spec_rows),
                             comparison=comparison, results=str(run.store))
+
+
+async def _at_each_temperature(baseline: ProfileParams, speculative: ProfileParams, host: HostConfig,
+                               benchmark: BenchmarkSettings, decision: DecisionConfig) -> ComparisonResult:
+    """One comparison per temperature (each configuration named with it: its own runs and report), then the
+    answer at each side by side."""
+    temperatures = benchmark.request.temperatures or []
+    results = {}
+    for t in temperatures:
+        request = benchmark.request.model_copy(update={"temperature": t, "temperatures": None})
+        base_t, spec_t = (p.model_copy(update={"name": f"{p.name}-t{t:g}"}) for p in (baseline, speculative))
+        results[f"{t:g}"] = await compare_speculation.fn(base_t, spec_t, host,
+                                                         benchmark.model_copy(update={"request": request}), decision)
+    await publish_temperatures({t: r.comparison for t, r in results.items()}, baseline.name, speculative.name)
+    first = results[f"{temperatures[0]:g}"]
+    return first.model_copy(update={"by_temperature": {t: r.comparison for t, r in results.items()}})
 
 
 def _sglang_servers(params: dict[str, Any]) -> list[ServerProfile]:

@@ -82,6 +82,9 @@ async def tune_speculation(llamacpp: LlamaCppSettings | None = None, vllm: VLLMS
     fields with the values to try, e.g. {"num_speculative_tokens": [1, 3, 5]} (vLLM), {"num_steps": [1, 3, 5]}
     (SGLang), {"draft_max": [2, 4, 8]} (llama.cpp). One engine's settings; none: the local llama.cpp."""
     logger = get_run_logger()
+    if benchmark.request.temperatures:
+        raise ConfigError("benchmark.request.temperatures is for comparisons (one at each temperature): a grid runs "
+                          "at benchmark.request.temperature; run it once per temperature")
     engine, base, points = grid_profiles({"llamacpp": llamacpp, "vllm": vllm, "sglang": sglang, "grid": grid})
     if decision.design != "sequential":
         logger.warning("decision.design %s is not used here: a grid measures the baseline, then each setting in "

@@ -17,7 +17,7 @@ from specsweep.engines import PerBatchSetting
 from specsweep.hosts import Host
 from specsweep.records import LevelRow
 from specsweep.reports.folders import write_comparison_report, write_tuning_report
-from specsweep.reports.markdown import comparison_markdown, tuning_markdown
+from specsweep.reports.markdown import comparison_markdown, temperatures_markdown, tuning_markdown
 from specsweep.reports.plots import comparison_plots, data_uri, tuning_plot
 from specsweep.results import ResultsStore, comparison_folder, tuning_folder
 from specsweep.server.fingerprint import host_fingerprint, server_fingerprint
@@ -86,6 +86,20 @@ async def compare_configurations(
                     f"{lv.ratio_low:.3f}, {lv.ratio_high:.3f}" if lv.ratio_low and lv.ratio_high else "-", *lv.blocks)
     _log_engine_setting(comp.setting, folder)
     return comp
+
+
+@task(name="publish_temperatures", cache_policy=NO_CACHE)
+async def publish_temperatures(comparisons: dict[str, Comparison], baseline: str, speculative: str) -> str:
+    """The answer at each temperature side by side (a markdown artifact and the log): acceptance falls as
+    temperature rises, and with it where speculation pays."""
+    markdown = temperatures_markdown(comparisons)
+    host = next((c.host for c in comparisons.values() if c.host), "")
+    await acreate_markdown_artifact(markdown=markdown, key=artifact_key("temperatures", host, baseline, "vs",
+                                                                       speculative),
+                                    description="the answer at each temperature")
+    for t, comp in comparisons.items():
+        run_logger().info("temperature %s: %s", t, comp.summary)
+    return markdown
 
 
 @task(name="publish_tuning", cache_policy=NO_CACHE)

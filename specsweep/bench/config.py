@@ -35,6 +35,16 @@ class RequestParams(BaseModel):
     temperature: float = Field(0.0, ge=0, le=5, description="Sampling temperature, always sent; 0 is greedy and "
                                "repeatable (and lets the comparison check that speculation kept the outputs).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling, always sent.")
+    temperatures: list[float] | None = Field(
+        None, min_length=2, max_length=8, description="A comparison at each of these temperatures instead of "
+        "temperature alone (acceptance falls as temperature rises): the answer per temperature.")
+
+    @field_validator("temperatures")
+    @classmethod
+    def _temperatures(cls, values: list[float] | None) -> list[float] | None:
+        if values is not None and (any(not 0 <= t <= 5 for t in values) or len(set(values)) != len(values)):
+            raise ValueError("temperatures must be distinct, each from 0 to 5")
+        return values
     timeout_s: float = Field(300.0, gt=0, le=24 * 3600, description="Limit of one request, first byte to last.")
     extra_body: dict[str, Any] = Field(default_factory=dict, description="Extra fields merged into every request body.")
 

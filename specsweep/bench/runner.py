@@ -106,8 +106,21 @@ async def _closed_loop(send: Any, concurrency: int, count: int, duration_s: floa
     return records
 
 
+def trace_gaps(arrivals: list[float], rate: float) -> list[float]:
+    """A trace's gaps between arrivals (its requests in order, cycling), scaled so that its mean rate is
+    ``rate``: the trace's own rate replays it as recorded, twice that at double speed."""
+    if len(arrivals) < 2 or max(arrivals) <= min(arrivals):
+        return [1.0 / rate] * max(1, len(arrivals))
+    ordered = sorted(arrivals)
+    own = (len(ordered) - 1) / (ordered[-1] - ordered[0])
+    gaps = [b - a for a, b in zip(ordered, ordered[1:], strict=False)]
+    gaps.append(1.0 / own)  # from the last back round to the first, when the trace is sent again
+    return [g * own / rate for g in gaps]
+
+
 async def _open_loop(send: Any, rate: float, count: int, duration_s: float | None, max_conc: int | None,
-                     seed: int, first_index: int) -> list[RequestRecord]:
+                     seed: int, first_index: int, gaps: list[float] | None = None) -> list[RequestRecord]:
+    """Requests at ``rate`` a second: Poisson arrivals, or a trace's own gaps (``gaps``, cycling)."""
     rng = random.Random(seed)
     records: list[RequestRecord] = []
     sem = asyncio.Semaphore(max_conc) if max_conc else None
@@ -118,7 +131,10 @@ async def _open_loop(send: Any, rate: float, count: int, duration_s: float | Non
     while True:
         if duration_s is None and i >= count:
             break
-        offset += rng.expovariate(rate)
+        if gaps:
+            offset += 0.0 if i == 0 else gaps[(i - 1) % len(gaps)]
+        else:
+            offset += rng.expovariate(rate)
         if duration_s is not None and offset > duration_s:
             break
         due = t0 + offset
@@ -232,8 +248,11 @@ async def run_level_in_process(
         if level.mode == "concurrency":
             records = await _closed_loop(send, conc, count, sweep.duration_s, share.first_index)
         else:
+            arrivals = [p.arrival_s for p in prompts]
+            gaps = trace_gaps([a for a in arrivals if a is not None], level.value) \
+                if arrivals and all(a is not None for a in arrivals) else None
             records = await _open_loop(send, level.value, count, sweep.duration_s, sweep.max_concurrency, share.seed,
-                                       share.first_index)
+                                       share.first_index, gaps)
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     pool.close()
     engine_after = await counters() if counters else {}

@@ -20,6 +20,12 @@ Levels = Annotated[str, typer.Option("--concurrency", "--levels", help="Concurre
 NumPrompts = Annotated[int, typer.Option("--num-prompts", help="Measured requests per level (per block).")]
 InputLen = Annotated[int, typer.Option("--input-len", help="Prompt length in tokens (synthetic prompts).")]
 OutputLen = Annotated[int, typer.Option("--output-len", help="Tokens to generate per request.")]
+Dataset = Annotated[str, typer.Option(
+    help="synthetic (generated words: not real traffic), mt-bench, humaneval, sharegpt, file or bundled.")]
+PromptsFile = Annotated[Optional[Path], typer.Option(
+    help="JSONL (prompts or chat messages) or Parquet (with --dataset file); ShareGPT JSON (sharegpt).")]
+Temperatures = Annotated[Optional[str], typer.Option(
+    help="Temperatures, comma-separated: one comparison at each (default: 0 alone).")]
 Results = Annotated[str, typer.Option("--results", help="Results root (Parquet): a folder or a URL.")]
 HostFile = Annotated[Optional[Path], typer.Option(
     "--host-config", help="Host file (JSON or TOML, as the flows' host parameter). Default: this machine.")]

@@ -94,6 +94,23 @@ def comparison_markdown(comp: Comparison) -> str:
     return "\n\n".join(parts)
 
 
+def temperatures_markdown(comparisons: dict[str, Comparison]) -> str:
+    """The answer at each temperature: the verdict per level and the recommendation, side by side."""
+    cs = sorted({lv.concurrency for comp in comparisons.values() for lv in comp.levels})
+    rows = []
+    for t, comp in comparisons.items():
+        cells = {lv.concurrency: lv for lv in comp.levels}
+        accept = [lv.speculative_accept_length for lv in comp.levels if lv.speculative_accept_length]
+        rows.append([t, *(f"x{cells[c].ratio:.2f} {cells[c].verdict}" if c in cells else "-" for c in cs),
+                     f"{sum(accept) / len(accept):.2f}" if accept else "-", headline(comp.recommendation)])
+    first = next(iter(comparisons.values()))
+    return "\n\n".join([f"## Speculation by temperature: {first.speculative} vs {first.baseline}",
+                         markdown_table(["temperature", *(f"C={c}" for c in cs), "accept length", "answer"], rows),
+                         "Each temperature is a comparison of its own (its runs and report named with it). Exact-match "
+                         "verification accepts fewer drafted tokens as sampling spreads: measure at the temperature "
+                         "you serve with."])
+
+
 def traffic_markdown(view: TrafficView | None) -> list[str]:
     """Per category of prompt: the ratio by level, the acceptance, an answer each; output lengths; lossless."""
     if view is None or not view.levels:

@@ -51,3 +51,33 @@ async def test_mt_bench_comparison_answers_per_category_and_for_the_mix(tmp_path
     assert "### Output lengths" in report and "### Same outputs at temperature 0" in report
     assert next((results / "reports").glob("*/categories.png")).stat().st_size > 10_000
     assert pids_with_marker(port) == [] and pids_with_marker(port + 1) == []
+
+
+async def test_a_list_of_temperatures_is_a_comparison_each_and_their_answers_side_by_side(tmp_path: Path) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    port = free_port(span=2)
+    base, spec = sim_profiles(port)
+    results = tmp_path / "results"
+    benchmark = BenchmarkSettings(workload=WorkloadConfig(source="humaneval", output_len=24), results=str(results),
+                                  request={"temperatures": [0.0, 0.7]},  # type: ignore[arg-type]
+                                  sweep=SweepConfig(concurrency=[1], num_requests=16, warmup_requests=1))
+    decision = DecisionConfig(design="alternate", alternate_by="side-by-side", min_blocks=2,
+                              max_requests_per_level=32)
+    result = await compare_speculation(base, spec, benchmark=benchmark, decision=decision)
+    assert set(result.by_temperature) == {"0", "0.7"}
+    runs = pd.read_parquet(results / "runs")
+    assert set(runs["config_name"]) == {"sglang-baseline-t0", "sglang-eagle3-t0", "sglang-baseline-t0.7",
+                                        "sglang-eagle3-t0.7"}
+    levels = pd.read_parquet(results / "levels")
+    assert set(levels.groupby("config_name")["temperature"].first().items()) == {
+        ("sglang-baseline-t0", 0.0), ("sglang-eagle3-t0", 0.0), ("sglang-baseline-t0.7", 0.7),
+        ("sglang-eagle3-t0.7", 0.7)}
+    # Outputs are compared at temperature 0 only (above it they are samples).
+    assert result.by_temperature["0"].traffic.lossless and not result.by_temperature["0.7"].traffic.lossless
+    async with get_client() as client:
+        arts = await client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(
+            like_="temperatures-")))
+    assert arts and "| 0.7 |" in arts[0].data and "## Speculation by temperature" in arts[0].data
+    assert len(list((results / "reports").glob("*/report.md"))) == 2

@@ -162,3 +162,28 @@ async def test_no_block_profits_from_an_earlier_blocks_cache(tmp_path: Path, eng
     assert rows[1].engine_prefix_cache_hit_rate == 0.0, rows[1].engine_prefix_cache_hit_rate
     if how == "unique prompts":  # the marks are the block's: the two blocks' prompt digests differ
         assert rows[0].prompts_digest != rows[1].prompts_digest
+
+
+async def test_a_trace_is_replayed_at_its_own_pace_or_faster(tmp_path: Path) -> None:
+    """A file whose lines carry arrival_s is a trace: at a request-rate level its requests are sent at its own
+    gaps, scaled to the level's rate (its own rate replays it as recorded; twice that, twice as fast)."""
+    arrivals = [0.0, 0.05, 0.1, 0.5, 0.55, 1.2, 1.25, 1.3]
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps({"prompt": f"request {i}", "arrival_s": a, "max_tokens": 4}) + "\n"
+                             for i, a in enumerate(arrivals)))
+    own_rate = (len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
+    store = ResultsStore(tmp_path / "results")
+    job = SweepJob(run_id="t", config_name="t", store=store, workload=WorkloadConfig(source="file", prompts_file=trace),
+                   sweep=SweepConfig(request_rate=[own_rate, 2 * own_rate], num_requests=8, warmup_requests=0))
+    with running_sim("--sim-profile", "tiny-fast") as (url, _):
+        for i, rate in enumerate((own_rate, 2 * own_rate)):
+            await measure_level(BenchTarget(base_url=url), job, Level(index=i, mode="rate", value=rate))
+    requests = store.requests(["t"])
+    for rate, speed in ((own_rate, 1.0), (2 * own_rate, 2.0)):
+        sent = requests[requests["level_value"] == rate].sort_values("index")
+        offsets = [s - sent["scheduled_s"].iloc[0] for s in sent["scheduled_s"]]
+        assert offsets == pytest.approx([a / speed for a in arrivals], abs=1e-6)
+        assert list(sent["prompt_index"]) == list(range(8))
+    with pytest.raises(ConfigError, match="'arrival_s' is on some lines only"):
+        trace.write_text(json.dumps({"prompt": "a", "arrival_s": 0}) + "\n" + json.dumps({"prompt": "b"}) + "\n")
+        check_source(WorkloadConfig(source="file", prompts_file=trace))
