@@ -15,7 +15,7 @@ from specsweep.parameters import LifecycleOptions, StageOptions
 from specsweep.server import lifecycle
 from specsweep.server.lifecycle import kill_server as kill_server_now
 from tasks.server import kill_server, start_server, wait_for_health
-from tests.conftest import MakeToy, pids_alive, pids_with_marker
+from tests.conftest import MakeToy, pids_alive, pids_with_marker, wait_ready
 from tests.helpers.logs import flow_logs
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -80,6 +80,7 @@ async def test_a_start_that_timed_out_starts_nothing_after_its_final_kill(make_t
     profile = make_toy(port=stray.port, kill_grace_s=3)
     host = open_host(HostConfig())
     stray_handle = lifecycle.start_server(host, stray)
+    await wait_ready(host, stray, stray_handle)  # listening, its SIGTERM handler set (a loaded machine starts it late)
     stages = LifecycleOptions(start=StageOptions(timeout_s=1, retries=0), kill_port_holder=True)
 
     @flow
