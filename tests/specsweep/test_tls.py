@@ -64,7 +64,8 @@ def test_https_direct_traffic_is_benchmarked_and_an_unknown_certificate_refused(
     runs = pd.read_parquet(next((tmp_path / "r").rglob("run.parquet")))
     assert runs["base_url"].iloc[0] == f"https://localhost:{port}"
     levels = pd.concat(pd.read_parquet(f) for f in (tmp_path / "r").glob("levels/*/*.parquet"))
-    assert levels["completed"].sum() == 4 and levels["failed"].sum() == 0
+    counted = levels[levels["disturbed"].isna()]  # a block a loaded machine disturbed is kept beside it
+    assert counted["completed"].sum() == 4 and levels["failed"].sum() == 0
 
 
 def test_the_scheme_and_an_ipv6_address_in_the_url() -> None:
