@@ -32,11 +32,14 @@ def endless_level(port: int, tmp_path: Path) -> dict[str, object]:
 
 
 async def until_measuring(port: int, tmp_path: Path) -> None:
-    """Until the run's server runs and its level is under way."""
-    for _ in range(240):
+    """Until the run's server runs and its level is under way. The flow run is a process of its own that the
+    runner starts: on the loaded suite its start, warm-up and first level took over a minute once, so the
+    wait allows three (it ends as soon as the level is under way)."""
+    for _ in range(720):
         if pids_with_marker(port) and (tmp_path / "results" / "runs").exists():
             return
         await asyncio.sleep(0.25)
+    raise AssertionError(f"the run's server on port {port} was not measuring after 180 s")
 
 
 async def until_gone(port: int) -> None:
