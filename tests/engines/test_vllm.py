@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -178,7 +179,8 @@ async def test_engine_core_killed_during_a_level(vllm_python: str, hf_models: HF
     killed = watcher.communicate()[0]
     assert "killed" in killed, "the server was never killed"
     assert not state.is_completed()
-    assert "exited during level C=4" in (state.message or ""), state.message
+    # During C=4's requests, or (the loaded suite slowing the watcher) while C=4's prompts were being counted.
+    assert re.search(r"exited (during level|while level) C=4", state.message or ""), state.message
     assert pids_with_marker(port) == [] and vllm_pids(hf_models) == []
 
     store = ResultsStore(results)
