@@ -129,18 +129,15 @@ def level_figures(before: dict[str, float], after: dict[str, float],
         "spec_draft_tokens": diff.get("spec_draft_tokens"),
         "spec_accepted_tokens": diff.get("spec_accepted_tokens"),
     }
-    for gauge in GAUGES:
+    for gauge in GAUGES.keys() - {"prefix_cache_hit_rate"}:  # (a rate: the one figure below)
         values = [r[gauge] for r in during if gauge in r]
         out[f"engine_{gauge}_mean"] = statistics.fmean(values) if values else None
         out[f"engine_{gauge}_max"] = max(values) if values else None
     # The prefix cache's hits over the level: from its counters where the engine counts them, else its gauge.
     queried = diff.get("prefix_cache_queries")
-    if queried:
-        out["engine_prefix_cache_hit_rate"] = (diff.get("prefix_cache_hits") or 0.0) / queried
-    else:
-        out["engine_prefix_cache_hit_rate"] = out.pop("engine_prefix_cache_hit_rate_mean", None)
-    out.pop("engine_prefix_cache_hit_rate_mean", None)
-    out.pop("engine_prefix_cache_hit_rate_max", None)
+    rates = [r["prefix_cache_hit_rate"] for r in during if "prefix_cache_hit_rate" in r]
+    out["engine_prefix_cache_hit_rate"] = ((diff.get("prefix_cache_hits") or 0.0) / queried if queried
+                                           else statistics.fmean(rates) if rates else None)
     drafts = diff.get("spec_drafts") or 0.0
     positions = sorted((int(k.removeprefix("spec_accepted_pos")), v) for k, v in diff.items()
                        if k.startswith("spec_accepted_pos"))
