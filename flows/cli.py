@@ -102,7 +102,7 @@ def compare_local(
     levels: Levels = ",".join(map(str, _SWEEP.concurrency)),
     num_prompts: NumPrompts = _SWEEP.num_requests,
     output_len: OutputLen = _WORKLOAD.output_len,
-    dataset: Dataset = "synthetic",
+    dataset: Dataset = _WORKLOAD.source,
     prompts_file: PromptsFile = None,
     temperatures: Temperatures = None,
     design: Design = LOCAL_DECISION.design,

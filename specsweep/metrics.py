@@ -163,13 +163,32 @@ STALL_FLOOR_S = 0.25
 LAG_DISTURBED_MS = 200.0
 
 
+#: A request's prompt is read in at most this many times the level's median time per prompt token (its TTFT over
+#: its prompt's tokens): a gap its reading fills is the engine's pace on long prompts, not a stall.
+PREFILL_FACTOR = 2.0
+
+
 def longest_gap(records: Sequence[RequestRecord]) -> tuple[float, float]:
-    """(longest gap, median gap) in seconds between arrivals of tokens from any request of the level."""
+    """(longest gap not explained by a prompt being read, median gap) in seconds between arrivals of tokens from
+    any request of the level. A gap is explained, up to PREFILL_FACTOR times the level's median time per prompt
+    token times its prompt's length, by a request that waited for its first token through it (real prompt sets
+    mix short and long prompts: reading a long one holds every stream of an engine that reads and decodes in
+    turn, and at one request in flight nothing streams while it is read)."""
     times = sorted(t for r in records for t in r.chunk_times_s)
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    gaps = [(a, b) for a, b in zip(times, times[1:], strict=False)]
     if not gaps:
         return 0.0, 0.0
-    return max(gaps), float(np.median(gaps))
+    reading = [(r.sent_s, r.first_token_s, r.prompt_tokens) for r in records
+               if r.sent_s is not None and r.first_token_s is not None and r.prompt_tokens]
+    rates = [(first - sent) / n for sent, first, n in reading]
+    per_token = float(np.median(rates)) if rates else 0.0
+
+    def unexplained(a: float, b: float) -> float:
+        explained = max((min(b - max(a, sent), PREFILL_FACTOR * per_token * n)
+                         for sent, first, n in reading if sent < b <= first + 1e-9), default=0.0)
+        return (b - a) - max(0.0, explained)
+
+    return max(unexplained(a, b) for a, b in gaps), float(np.median([b - a for a, b in gaps]))
 
 
 #: The block's own disturbances (``disturbance``), by how their reasons start.

@@ -82,7 +82,8 @@ class BenchmarkSettings(BaseModel):
 
 #: The main job's defaults: tiny models on two CPU cores.
 LOCAL_BENCHMARK = BenchmarkSettings(
-    workload=WorkloadConfig(input_len=16, output_len=64),
+    # Real traffic by default: the MT-Bench questions through the chat endpoint (the model's own template).
+    workload=WorkloadConfig(source="mt-bench", input_len=16, output_len=64),
     # A block at C=8 holds 24 requests (3 per slot): ramp-up and drain stay a small part of it.
     sweep=SweepConfig(concurrency=[1, 2, 4, 8], num_requests=12, warmup_requests=2, requests_per_slot=3),
 )

@@ -58,11 +58,17 @@ class LevelComparison(BaseModel):
     speculative_tpot_p99_ms: float | None = None
     speculative_accept_length: float | None = None
     speculative_acceptance_rate: float | None = None
+    baseline_batch: float | None = Field(None, description="The running batch the engine reported (its /metrics "
+                                         "gauge, sampled while the level ran): mean, median over the blocks.")
+    speculative_batch: float | None = None
+    speculative_batch_max: float | None = Field(None, description="The largest running batch the speculative engine "
+                                                "reported at the level (median over the blocks).")
 
     def as_verdict(self) -> LevelVerdict:
         return LevelVerdict(concurrency=self.concurrency, verdict=self.verdict, ratio=self.ratio,
                             baseline_tokens_per_s=self.baseline_tokens_per_s,
-                            speculative_tokens_per_s=self.speculative_tokens_per_s)
+                            speculative_tokens_per_s=self.speculative_tokens_per_s,
+                            batch_mean=self.speculative_batch, batch_max=self.speculative_batch_max)
 
 
 class Comparison(BaseModel):
@@ -163,6 +169,9 @@ def compare_levels(base_rows: Sequence[LevelRow], spec_rows: Sequence[LevelRow],
             speculative_tpot_p99_ms=_median([r.tpot_ms_p99 for r in s]),
             speculative_accept_length=_median([r.spec_accept_length for r in s]),
             speculative_acceptance_rate=_median([r.spec_acceptance_rate for r in s]),
+            baseline_batch=_median([r.engine_running_mean for r in b]),
+            speculative_batch=_median([r.engine_running_mean for r in s]),
+            speculative_batch_max=_median([r.engine_running_max for r in s]),
         ))
     rec = recommend([lv.as_verdict() for lv in levels], decision.margin)
     return Comparison(baseline=baseline_name, speculative=speculative_name, levels=levels, recommendation=rec,

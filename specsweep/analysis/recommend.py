@@ -16,6 +16,7 @@ next. The projected mean throughput of always on, always off and the answer is g
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 from collections.abc import Sequence
 from typing import Literal
@@ -38,6 +39,9 @@ class LevelVerdict(BaseModel):
     ratio: float
     baseline_tokens_per_s: float
     speculative_tokens_per_s: float
+    batch_mean: float | None = Field(None, description="The running batch the speculative engine reported at this "
+                                     "level (its /metrics gauge), mean; None: not measured.")
+    batch_max: float | None = Field(None, description="The largest running batch it reported at this level.")
 
 
 class Recommendation(BaseModel):
@@ -48,8 +52,11 @@ class Recommendation(BaseModel):
     reason: str
     off_from_batch: int | None = Field(
         None, description="Decided, off somewhere: the running batch size from which an engine's per-batch setting "
-        "turns speculation off: just above the last level where it pays (a closed loop of C requests runs batches "
-        "of fewer than C while requests finish and arrive, so the switch must sit below C).")
+        "turns speculation off: just above the largest batch the engine ran at the last level where it pays, as "
+        "measured (a closed loop of C requests runs batches of fewer than C while requests finish and arrive, and an "
+        "engine may cap its batch below C).")
+    batch_measured: bool = Field(False, description="off_from_batch comes from the running batch the engine "
+                                 "reported; False: it was not measured and the batch is taken as the concurrency.")
     between: tuple[int, int | None] | None = Field(
         None, description="Undetermined: the threshold lies from the first to the second level (None: maybe never).")
     measure_next: list[int] = Field(default_factory=list, description="Levels to measure (more) to decide it.")
@@ -142,10 +149,30 @@ def _decided(levels: Sequence[LevelVerdict], t: int, pct: str, fixed: dict[str, 
               f"turn it off from {cs[t]}.")
     if cs[t] - cs[t - 1] > 1:
         reason += (f" (Levels between {cs[t - 1]} and {cs[t]} were not measured: {cs[t]} is the first measured level "
-                   f"where it does not pay. An engine's per-batch setting turns it off from a running batch of "
-                   f"{cs[t - 1] + 1}: at {cs[t]} requests in flight the batch is often smaller.)")
-    return Recommendation(status="decided", speculation_off_from=cs[t], off_from_batch=cs[t - 1] + 1, reason=reason,
-                          projected_tokens_per_s=projected)
+                   "where it does not pay.)")
+    batch, measured, words = switch_batch(levels[t - 1], levels[t])
+    return Recommendation(status="decided", speculation_off_from=cs[t], off_from_batch=batch, batch_measured=measured,
+                          reason=f"{reason} {words}", projected_tokens_per_s=projected)
+
+
+def switch_batch(last_on: LevelVerdict, first_off: LevelVerdict) -> tuple[int, bool, str]:
+    """Where an engine's per-batch setting turns speculation off, keyed on its running batch (what engines
+    switch on), not on the client's concurrency: just above the largest batch the engine ran at the last level
+    where speculation pays, so that level keeps it. Returns (batch, measured, the words for the report)."""
+    if last_on.batch_max is None:
+        b = last_on.concurrency + 1
+        return b, False, (f"The engine's running batch was not measured (no /metrics gauge), so the batch is taken as "
+                          f"the concurrency: an engine's per-batch setting turns speculation off from a batch of {b}.")
+    b = max(1, math.ceil(last_on.batch_max - 1e-9)) + 1
+    words = (f"In batch sizes, as engines switch: the engine ran batches of up to {last_on.batch_max:g} at "
+             f"{last_on.concurrency} (mean {last_on.batch_mean or 0:.1f}) and of {first_off.batch_mean or 0:.1f} on "
+             f"average at {first_off.concurrency}: an engine's per-batch setting turns speculation off from a running "
+             f"batch of {b}.")
+    if first_off.batch_max is not None and first_off.batch_max < b:
+        words += (f" The engine never ran a batch of {b} at {first_off.concurrency} (at most {first_off.batch_max:g}): "
+                  "the per-batch setting cannot tell these levels apart (the engine caps its batch, or requests wait "
+                  "outside it); a router that counts requests in flight can.")
+    return b, True, words
 
 
 def _no_threshold(levels: Sequence[LevelVerdict], fixed: dict[str, float]) -> Recommendation:

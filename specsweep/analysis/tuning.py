@@ -17,6 +17,7 @@ the ranges themselves, for a router.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -108,6 +109,8 @@ class PointLevel(BaseModel):
     tokens_per_s: float
     blocks: int
     accept_length: float | None = None
+    batch_mean: float | None = Field(None, description="The running batch the engine reported at this level, mean.")
+    batch_max: float | None = Field(None, description="The largest running batch it reported at this level.")
 
 
 class LevelChoice(BaseModel):
@@ -164,7 +167,8 @@ def best_per_level(comparisons: Mapping[str, Comparison]) -> list[LevelChoice]:
     for c in common:
         points = {label: PointLevel(ratio=lv.ratio, ratio_low=lv.ratio_low, ratio_high=lv.ratio_high,
                                     verdict=lv.verdict, tokens_per_s=lv.speculative_tokens_per_s, blocks=lv.blocks[1],
-                                    accept_length=lv.speculative_accept_length)
+                                    accept_length=lv.speculative_accept_length, batch_mean=lv.speculative_batch,
+                                    batch_max=lv.speculative_batch_max)
                   for label, levels in by_point.items() for lv in [levels[c]]}
         best = min(points, key=lambda label: (_RANK[points[label].verdict], -points[label].tokens_per_s))
         base = _baseline_at(by_point, c)
@@ -180,17 +184,25 @@ def _baseline_at(by_point: Mapping[str, Mapping[int, Any]], c: int) -> float:
 
 def setting_ranges(levels: Sequence[LevelChoice], points: Sequence[GridPoint],
                    off_from: int | None) -> list[SettingRange]:
-    """Consecutive levels with the same best point merged into batch-size ranges; off from ``off_from``. A
-    level's setting covers the running batches above the level before it up to its own (a closed loop of C
-    requests runs batches of fewer than C while requests finish and arrive); the first range starts at 1."""
+    """Consecutive levels with the same best point merged into batch-size ranges; off from ``off_from``. Engines
+    switch on their running batch, so a level's setting covers the batches above the largest the engine ran at
+    the level before it (as measured; the level's concurrency where it was not) up to its own (a closed loop of
+    C requests runs batches of fewer than C while requests finish and arrive); the first range starts at 1."""
     by_label = {p.label: p for p in points}
     on = [lv for lv in levels if off_from is None or lv.concurrency < off_from]
     starts: list[tuple[int, GridPoint | None]] = []
+
+    def after(lv: LevelChoice) -> int:
+        """The first batch above what the engine ran at this level (with its best point), after the last start."""
+        high = lv.points[lv.best].batch_max
+        b = (max(1, math.ceil(high - 1e-9)) if high is not None else lv.concurrency) + 1
+        return max(b, starts[-1][0] + 1) if starts else b
+
     for i, lv in enumerate(on):
         if not starts or starts[-1][1] is None or starts[-1][1].label != lv.best:
-            starts.append((1 if i == 0 else on[i - 1].concurrency + 1, by_label[lv.best]))
+            starts.append((1 if i == 0 else after(on[i - 1]), by_label[lv.best]))
     if off_from is not None:
-        starts.append((1 if not starts else on[-1].concurrency + 1, None))
+        starts.append((1 if not starts else after(on[-1]), None))
     ranges = []
     for i, (start, point) in enumerate(starts):
         end = starts[i + 1][0] - 1 if i + 1 < len(starts) else MAX_BATCH
@@ -205,7 +217,9 @@ def tune(engine: str, comparisons: Mapping[str, Comparison], points: Sequence[Gr
     levels = best_per_level(comparisons)
     envelope = [LevelVerdict(concurrency=lv.concurrency, verdict=lv.verdict, ratio=lv.ratio,
                              baseline_tokens_per_s=lv.baseline_tokens_per_s,
-                             speculative_tokens_per_s=lv.points[lv.best].tokens_per_s) for lv in levels]
+                             speculative_tokens_per_s=lv.points[lv.best].tokens_per_s,
+                             batch_mean=lv.points[lv.best].batch_mean, batch_max=lv.points[lv.best].batch_max)
+                for lv in levels]
     rec = recommend(envelope, margin)
     first = next(iter(comparisons.values()))
     tuning = Tuning(engine=engine, baseline=first.baseline, baseline_run_id=first.baseline_run_id or "",

@@ -22,6 +22,8 @@ def recommendation_json(comp: Comparison) -> dict[str, Any]:
     return {
         "status": rec.status,
         "speculation_off_from": rec.speculation_off_from,
+        "off_from_batch": rec.off_from_batch,
+        "batch_measured": rec.batch_measured,
         "reason": rec.reason,
         "between": list(rec.between) if rec.between else None,
         "measure_next": rec.measure_next,
@@ -33,7 +35,9 @@ def recommendation_json(comp: Comparison) -> dict[str, Any]:
                     "interval": [round(lv.ratio_low, 4), round(lv.ratio_high, 4)] if lv.ratio_low and lv.ratio_high
                     else None, "confidence": round(lv.confidence, 4),
                     "requests": {"baseline": lv.requests[0], "speculative": lv.requests[1]},
-                    "blocks": {"baseline": lv.blocks[0], "speculative": lv.blocks[1]}} for lv in comp.levels],
+                    "blocks": {"baseline": lv.blocks[0], "speculative": lv.blocks[1]},
+                    "running_batch": {"baseline": lv.baseline_batch, "speculative": lv.speculative_batch,
+                                      "speculative_max": lv.speculative_batch_max}} for lv in comp.levels],
         "projected_tokens_per_s": {k: round(v, 2) for k, v in rec.projected_tokens_per_s.items()},
         "engine_setting": comp.setting.model_dump(mode="json") if comp.setting is not None else None,
         "verified": verification_json(comp),

@@ -52,16 +52,26 @@ def _f(x: float | None, d: int = 1) -> str:
     return "-" if x is None else f"{x:,.{d}f}"
 
 
+def batch_cell(baseline: float | None, speculative: float | None, speculative_max: float | None) -> str:
+    """The running batch the engines reported at a level: mean of each, and the speculative one's largest."""
+    if baseline is None and speculative is None:
+        return "-"
+    spec = _f(speculative) + (f" ({speculative_max:g})" if speculative_max is not None else "")
+    return spec if baseline is None else f"{_f(baseline)} / {spec}"
+
+
 def comparison_markdown(comp: Comparison) -> str:
     rows = []
     for r in comp.levels:
         ci = f" [{r.ratio_low:.2f}, {r.ratio_high:.2f}]" if r.ratio_low is not None and r.ratio_high is not None else ""
-        rows.append([str(r.concurrency), _f(r.baseline_tokens_per_s), _f(r.speculative_tokens_per_s),
-                     f"{r.ratio:.2f}{ci}", r.verdict, f"{r.blocks[0]}/{r.blocks[1]}", _f(r.baseline_ttft_ms),
-                     _f(r.speculative_ttft_ms), _f(r.baseline_tpot_ms, 2), _f(r.speculative_tpot_ms, 2),
+        rows.append([str(r.concurrency), batch_cell(r.baseline_batch, r.speculative_batch, r.speculative_batch_max),
+                     _f(r.baseline_tokens_per_s), _f(r.speculative_tokens_per_s), f"{r.ratio:.2f}{ci}", r.verdict,
+                     f"{r.blocks[0]}/{r.blocks[1]}", _f(r.baseline_ttft_ms), _f(r.speculative_ttft_ms),
+                     _f(r.baseline_tpot_ms, 2), _f(r.speculative_tpot_ms, 2),
                      _f(r.speculative_accept_length, 2), _f(r.speculative_acceptance_rate, 2)])
     table = markdown_table(
-        ["concurrency", "baseline tok/s", "speculative tok/s", "ratio [interval]", "verdict", "blocks b/s",
+        ["concurrency", "running batch b/s (max)", "baseline tok/s", "speculative tok/s", "ratio [interval]", "verdict",
+         "blocks b/s",
          "baseline TTFT p50 ms", "spec. TTFT p50 ms", "baseline TPOT p50 ms", "spec. TPOT p50 ms", "accept length",
          "acceptance rate"], rows)
     rec = comp.recommendation
@@ -80,7 +90,10 @@ def comparison_markdown(comp: Comparison) -> str:
         "undetermined otherwise (a gain is still possible). Speculation is kept only where it pays (faster). "
         "Intervals are simultaneous over each level's looks "
         f"({comp.levels[0].confidence:.1%} per look); blocks were "
-        f"{'paired (alternate design)' if comp.levels[0].paired else 'not paired (sequential design)'}.",
+        f"{'paired (alternate design)' if comp.levels[0].paired else 'not paired (sequential design)'}. "
+        "Running batch: the requests each engine reported running at once (its /metrics gauge, sampled while the "
+        "level ran), mean for the baseline / the speculative engine, with the speculative engine's largest in "
+        "brackets; engines switch speculation on this batch, not on the client's concurrency.",
         "### What to configure",
         *configure_lines(rec, comp.setting),
         "### Projected throughput",
@@ -196,8 +209,10 @@ def tuning_markdown(tuning: Tuning) -> str:
                 else ""
             mark = "**" if label == lv.best else ""
             cells.append(f"{mark}×{p.ratio:.2f}{ci} {p.verdict}{mark}")
-        rows.append([str(lv.concurrency), f"{lv.baseline_tokens_per_s:,.1f}", *cells, lv.best])
-    table = markdown_table(["concurrency", "baseline tok/s", *labels, "best"], rows)
+        best = lv.points[lv.best]
+        rows.append([str(lv.concurrency), batch_cell(None, best.batch_mean, best.batch_max),
+                     f"{lv.baseline_tokens_per_s:,.1f}", *cells, lv.best])
+    table = markdown_table(["concurrency", "running batch, best point (max)", "baseline tok/s", *labels, "best"], rows)
     rec = tuning.recommendation
     parts = [f"## Speculation grid on {engines.get(tuning.engine).label}: {', '.join(labels)} vs {tuning.baseline}",
              f"**{headline(rec, tuning.summary)}**",

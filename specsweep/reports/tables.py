@@ -15,7 +15,7 @@ from specsweep.analysis.traffic import MIX, TrafficView
 from specsweep.analysis.tuning import Tuning
 from specsweep.analysis.verify import Verification
 from specsweep.records import LevelRow
-from specsweep.reports.markdown import batch_span, configure_lines, headline
+from specsweep.reports.markdown import batch_cell, batch_span, configure_lines, headline
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
@@ -77,14 +77,16 @@ def console() -> Console:
 def print_comparison(comp: Comparison, out: Console | None = None) -> None:
     """The comparison on a terminal: the per-level table, the answer, what to configure."""
     table = Table(title=f"speculation: {comp.speculative} vs {comp.baseline}")
-    for col in ("concurrency", "baseline tok/s", "speculative tok/s", "ratio [interval]", "verdict", "blocks",
+    for col in ("concurrency", "batch b/s (max)", "baseline tok/s", "speculative tok/s", "ratio [interval]", "verdict",
+                "blocks",
                 "TTFT p50 ms (base/spec)", "TPOT p50 ms (base/spec)", "accept"):
         table.add_column(col, justify="left" if col == "verdict" else "right")
     for r in comp.levels:
         ci = f" [{r.ratio_low:.2f}-{r.ratio_high:.2f}]" if r.ratio_low is not None and r.ratio_high is not None else ""
         acc = (f"{r.speculative_accept_length:.2f}" if r.speculative_accept_length else
                f"{r.speculative_acceptance_rate:.0%}" if r.speculative_acceptance_rate else "-")
-        table.add_row(str(r.concurrency), f"{r.baseline_tokens_per_s:,.1f}", f"{r.speculative_tokens_per_s:,.1f}",
+        table.add_row(str(r.concurrency), batch_cell(r.baseline_batch, r.speculative_batch, r.speculative_batch_max),
+                      f"{r.baseline_tokens_per_s:,.1f}", f"{r.speculative_tokens_per_s:,.1f}",
                       f"{r.ratio:.2f}{ci}", r.verdict, f"{r.blocks[0]}/{r.blocks[1]}",
                       f"{r.baseline_ttft_ms or 0:,.1f} / {r.speculative_ttft_ms or 0:,.1f}",
                       f"{r.baseline_tpot_ms or 0:.2f} / {r.speculative_tpot_ms or 0:.2f}", acc)
@@ -156,12 +158,14 @@ def print_tuning(tuning: Tuning, out: Console | None = None) -> None:
     """A grid's answer on a terminal: each setting's ratio per level, the best, the setting per range."""
     labels = [p.label for p in tuning.points]
     table = Table(title=f"speculation grid: {', '.join(labels)} vs {tuning.baseline}")
-    for col in ("concurrency", "baseline tok/s", *labels, "best"):
+    for col in ("concurrency", "batch (max)", "baseline tok/s", *labels, "best"):
         table.add_column(col, justify="left" if col == "best" else "right")
     for lv in tuning.levels:
         cells = [f"{'[bold]' if k == lv.best else ''}x{p.ratio:.2f} {p.verdict}{'[/bold]' if k == lv.best else ''}"
                  for k, p in ((label, lv.points[label]) for label in labels)]
-        table.add_row(str(lv.concurrency), f"{lv.baseline_tokens_per_s:,.1f}", *cells, lv.best)
+        best = lv.points[lv.best]
+        table.add_row(str(lv.concurrency), batch_cell(None, best.batch_mean, best.batch_max),
+                      f"{lv.baseline_tokens_per_s:,.1f}", *cells, lv.best)
     out = out or console()
     out.print(table)
     rec = tuning.recommendation

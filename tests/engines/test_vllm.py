@@ -78,10 +78,14 @@ def vllm_pids(models: HFModels) -> list[int]:
 
 
 async def test_vllm_baseline_vs_draft_model_end_to_end(vllm_python: str, hf_models: HFModels, tmp_path: Path) -> None:
+    # MT-Bench through the chat endpoint: vLLM applies the model's own chat template; its prefix cache is emptied
+    # before every block (/reset_prefix_cache, served in its dev mode), as its own counters show.
     port = free_port(span=2)
     results = tmp_path / "results"
-    state = await compare_vllm(settings(hf_models, vllm_python, port), return_state=True, benchmark=BenchmarkSettings(
-        results=str(results), workload=WorkloadConfig(input_len=16, output_len=32),
+    vllm = settings(hf_models, vllm_python, port, max_model_len=2048,
+                    env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_SERVER_DEV_MODE": "1"})
+    state = await compare_vllm(vllm, return_state=True, benchmark=BenchmarkSettings(
+        results=str(results), workload=WorkloadConfig(source="mt-bench", output_len=32),
         sweep=SweepConfig(concurrency=[1, 4], num_requests=8, warmup_requests=2)),
         decision={"max_requests_per_level": 32})  # type: ignore[arg-type]
     assert state.is_completed(), state.message
@@ -111,6 +115,17 @@ async def test_vllm_baseline_vs_draft_model_end_to_end(vllm_python: str, hf_mode
     assert levels["engine_running_max"].dropna().le(4).all()
     level_c1 = comp.levels[0]
     assert level_c1.speculative_accept_length is not None and level_c1.speculative_accept_length > 1
+
+    requests = pd.read_parquet(results / "requests")
+    measured = requests[~requests["warmup"]]
+    assert set(measured["endpoint"]) == {"chat"} and not levels["ignore_eos"].any()
+    blocks = measured.groupby(["run_id", "level_value", "repeat"], observed=True)
+    assert blocks["category"].nunique().min() == 8  # each block of 8: one of each of MT-Bench's categories
+    # Every block's prompts were sent before (the same questions in each block), yet vLLM's own counters found
+    # none of them cached: the cache was emptied before each block.
+    assert set(levels["cache_reset"]) == {"/reset_prefix_cache"}
+    assert levels["engine_prefix_cache_hit_rate"].notna().all() and levels["engine_prefix_cache_hit_rate"].lt(0.1).all()
+    assert comp.traffic is not None and comp.traffic.source == "mt-bench"
 
 
 KILL_CORE = """

@@ -4,6 +4,7 @@ reads (table and plot) beside the answer for the mix."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -81,3 +82,45 @@ async def test_a_list_of_temperatures_is_a_comparison_each_and_their_answers_sid
             like_="temperatures-")))
     assert arts and "| 0.7 |" in arts[0].data and "## Speculation by temperature" in arts[0].data
     assert len(list((results / "reports").glob("*/report.md"))) == 2
+
+
+def _sharegpt(folder: Path) -> Path:
+    """A ShareGPT-format file of our own text: a question per conversation and an answer of its own length."""
+    path = folder / "conversations.json"
+    path.write_text(json.dumps([{"id": str(i), "conversations": [
+        {"from": "human", "value": f"question {i}: how does the river reach the sea in story {i}?"},
+        {"from": "gpt", "value": " ".join(["water"] * (10 + 3 * i))}]} for i in range(12)]))
+    return path
+
+
+def _jsonl(folder: Path) -> Path:
+    """The user's own JSONL: chat messages with a category of theirs on each line."""
+    path = folder / "traffic.jsonl"
+    path.write_text("".join(json.dumps({"messages": [{"role": "system", "content": "Be brief."},
+                                                     {"role": "user", "content": f"Summarise report {i}."}],
+                                        "category": "support" if i % 2 else "search"}) + "\n" for i in range(12)))
+    return path
+
+
+@pytest.mark.parametrize(("source", "make", "categories"), [
+    ("sharegpt", _sharegpt, {"(none)"}), ("file", _jsonl, {"support", "search"})])  # ShareGPT has no categories
+async def test_each_prompt_source_through_a_comparison(source: str, make: object, categories: set[str],
+                                                       tmp_path: Path) -> None:
+    port = free_port(span=2)
+    base, spec = sim_profiles(port)
+    results = tmp_path / "results"
+    prompts = make(tmp_path)  # type: ignore[operator]
+    benchmark = BenchmarkSettings(workload=WorkloadConfig(source=source, prompts_file=prompts, output_len=64),
+                                  results=str(results),
+                                  sweep=SweepConfig(concurrency=[1, 4], num_requests=12, warmup_requests=1))
+    decision = DecisionConfig(design="alternate", alternate_by="side-by-side", min_blocks=2, max_requests_per_level=48)
+    comp = (await compare_speculation(base, spec, benchmark=benchmark, decision=decision)).comparison
+    assert comp.traffic is not None and comp.traffic.source == source
+    assert set(comp.traffic.categories) == categories | {MIX}
+    requests = pd.read_parquet(results / "requests")
+    measured = requests[~requests["warmup"]]
+    assert set(measured["endpoint"]) == {"chat"}
+    assert set(measured["category"].fillna("(none)")) == categories
+    if source == "sharegpt":  # each request stops where its answer's length says (the simulator honours it)
+        assert measured["output_tokens"].nunique() > 3 and measured["output_tokens"].max() <= 64
+    assert pids_with_marker(port) == [] and pids_with_marker(port + 1) == []

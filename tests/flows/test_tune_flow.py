@@ -20,6 +20,7 @@ from prefect.deployments import run_deployment
 from prefect.states import Scheduled
 
 from flows.tune_speculation import tune_speculation
+from specsweep.analysis.compare import compare_runs
 from specsweep.engines.llamacpp import LlamaCppSettings
 from specsweep.results.store import ResultsStore
 from tests.conftest import pids_with_marker
@@ -146,13 +147,19 @@ async def test_sglang_grid_on_the_simulator_retried_like_the_ui_then_its_file_tr
 
 @pytest.mark.solo  # llama.cpp's threads busy-wait: beside other tests its levels take ten times as long
 async def test_llamacpp_draft_max_grid_on_this_machine(tmp_path: Path) -> None:
-    """The main job's machine: a small draft-max grid on the real llama.cpp, one server at a time."""
+    """The main job's machine: a small draft-max grid on the real llama.cpp, one server at a time, on chat
+    messages of the user's (llama.cpp applies the model's own template; short ones: on this CPU a long prompt
+    takes as long to read as its answer to write)."""
     port = free_port()
     results = tmp_path / "results"
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"write the story of river {i}"}],
+                                         "category": ("story", "water")[i % 2]}) + "\n" for i in range(24)))
     state = await tune_speculation(
         llamacpp=LlamaCppSettings(port=port), grid={"draft_max": [2, 6]}, return_state=True,
         benchmark={"sweep": {"concurrency": [1, 4], "num_requests": 12, "warmup_requests": 1},  # type: ignore[arg-type]
-                   "workload": {"input_len": 16, "output_len": 32}, "results": str(results)},
+                   "workload": {"source": "file", "prompts_file": str(chats), "output_len": 32},
+                   "results": str(results)},
         decision={"max_requests_per_level": 48})  # type: ignore[arg-type]
     assert state.is_completed(), state.message
     result = await state.result()
@@ -179,6 +186,16 @@ async def test_llamacpp_draft_max_grid_on_this_machine(tmp_path: Path) -> None:
     report = results / "reports" / f"tune-{result.baseline.run_id}"
     assert (report / "speedup.png").read_bytes()[:4] == b"\x89PNG"
     assert pids_with_marker(port) == []
+    # Chat through llama.cpp's template: the prompt it counted holds the template's tags around each question.
+    requests = pd.read_parquet(results / "requests")
+    measured = requests[~requests["warmup"]]
+    assert set(measured["endpoint"]) == {"chat"} and set(measured["category"]) == {"story", "water"}
+    assert measured["prompt_tokens"].min() > 10  # "<|user|>", the question, "<|assistant|>": not the bare words
+    # At temperature 0 speculation keeps the greedy outputs: the same text for the same prompt (by digest).
+    store = ResultsStore(results)
+    for point in result.points.values():
+        view = compare_runs(store, result.baseline.run_id, point.run_id).traffic
+        assert view is not None and view.lossless and all(lv.share >= 0.8 for lv in view.lossless), view.lossless
 
 
 @pytest.mark.parametrize(("argv", "words"), [

@@ -20,14 +20,17 @@ SGLANG_SPEC = ("python -m sglang.launch_server --model-path /m/kimi --speculativ
                "--speculative-num-draft-tokens 4")
 
 
-def rows(name: str, blocks: dict[int, list[float]]) -> list[LevelRow]:
+def rows(name: str, blocks: dict[int, list[float]],
+         batch: dict[int, tuple[float, float]] | None = None) -> list[LevelRow]:
+    """Level rows, one per block; ``batch``: the engine's running batch (mean, max) per level, where measured."""
     out = []
     for i, (c, tps) in enumerate(blocks.items()):
+        mean, high = (batch or {}).get(c, (None, None))
         for rep, t in enumerate(tps):
             out.append(LevelRow(config_name=name, level_index=i, mode="concurrency", concurrency=c, repeat=rep,
                                 output_tokens_per_s=t, requests=16, completed=16, duration_s=2.0,
                                 ttft_ms_median=10.0 * c, ttft_ms_p99=20.0 * c, tpot_ms_median=5.0 + c,
-                                tpot_ms_p99=8.0 + c))
+                                tpot_ms_p99=8.0 + c, engine_running_mean=mean, engine_running_max=high))
     return out
 
 
@@ -42,6 +45,31 @@ def test_published_shape_turns_speculation_off_from_two() -> None:
     assert comp.recommendation.status == "decided" and comp.recommendation.speculation_off_from == 2
     assert comp.levels[0].blocks == (5, 5) and comp.levels[0].requests == (80, 80)
     assert comp.levels[0].baseline_tpot_ms == 6.0 and comp.levels[0].speculative_ttft_p99_ms == 20.0
+
+
+def test_the_engines_switch_is_keyed_on_the_batch_it_measured_not_on_concurrency() -> None:
+    base = {1: [100, 101, 99], 4: [300, 302, 298], 8: [500, 498, 503], 16: [700, 702, 698]}
+    spec = {1: [150, 151, 149], 4: [400, 402, 398], 8: [420, 418, 423], 16: [500, 502, 498]}
+    # Without the engine's gauge the batch is taken as the concurrency, and the report says so.
+    comp = compare_levels(rows("b", base), rows("s", spec), decision=DecisionConfig(), paired=True, num_requests=16)
+    rec = comp.recommendation
+    assert (rec.speculation_off_from, rec.off_from_batch, rec.batch_measured) == (8, 5, False)
+    assert "running batch was not measured" in rec.reason
+    # The engine ran at most 3 at C=4 (requests finish and arrive): the switch sits above what it ran there.
+    batches = {1: (1.0, 1.0), 4: (2.6, 3.0), 8: (5.1, 7.0), 16: (9.8, 14.0)}
+    comp = compare_levels(rows("b", base, batches), rows("s", spec, batches), decision=DecisionConfig(), paired=True,
+                          num_requests=16)
+    rec = comp.recommendation
+    assert (rec.speculation_off_from, rec.off_from_batch, rec.batch_measured) == (8, 4, True)
+    assert [(lv.baseline_batch, lv.speculative_batch, lv.speculative_batch_max) for lv in comp.levels][1] == (2.6, 2.6, 3)
+    assert "batches of up to 3 at 4 (mean 2.6) and of 5.1 on average at 8" in rec.reason
+    assert "from a running batch of 4" in rec.reason and "cannot tell" not in rec.reason
+    # An engine that caps its batch at 4 runs C=4 and C=8 alike: the setting cannot separate them, and says so.
+    capped = {1: (1.0, 1.0), 4: (3.8, 4.0), 8: (3.9, 4.0), 16: (4.0, 4.0)}
+    rec = compare_levels(rows("b", base, capped), rows("s", spec, capped), decision=DecisionConfig(), paired=True,
+                         num_requests=16).recommendation
+    assert rec.off_from_batch == 5 and "never ran a batch of 5 at 8 (at most 4)" in rec.reason
+    assert "a router that counts requests in flight can" in rec.reason
 
 
 def test_one_block_each_is_undetermined_not_a_guess() -> None:

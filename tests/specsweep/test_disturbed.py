@@ -60,6 +60,27 @@ def test_a_block_the_machine_disturbed_says_why() -> None:
     assert "event loop stalled for 1600 ms" in (metrics.disturbance(*run_of(stalled, lag_max_ms=1600)) or "")
 
 
+def test_reading_a_long_prompt_is_the_engines_pace_not_a_stall() -> None:
+    # One request in flight: 40-token prompts read in 0.1 s (2.5 ms a token), then one of 400 tokens read in
+    # 1.5 s. Nothing streams while it is read, yet at 1.5 times the others' pace per token that is the engine's.
+    def at(i: int, sent: float, ttft: float, prompt: int) -> RequestRecord:
+        r = request(i, sent, sent + ttft + 0.9)
+        r.chunk_times_s = [sent + ttft + 0.1 * k for k in range(10)]
+        r.first_token_s, r.last_token_s, r.prompt_tokens = r.chunk_times_s[0], r.chunk_times_s[-1], prompt
+        return r
+
+    short = [at(i, i * 1.1, 0.1, 40) for i in range(10)]  # a token every 0.1 s: a gap over 1.0 s stands out
+    assert metrics.disturbance(*run_of([*short, at(10, 11.0, 1.5, 400)])) is None
+    # Read in 3.5 s (3.5 times the others' pace, past PREFILL_FACTOR): the engine stalled while reading it.
+    why = metrics.disturbance(*run_of([*short, at(10, 11.0, 3.5, 400)])) or ""
+    assert why.startswith("no token arrived for 1.60 s"), why  # 3.6 s less the 2.0 s its 400 tokens explain
+    # Where the prompt's length is not known, nothing explains the gap.
+    blind = [*short, at(10, 11.0, 1.5, 400)]
+    for r in blind:
+        r.prompt_tokens = None
+    assert (metrics.disturbance(*run_of(blind)) or "").startswith("no token arrived for 1.60 s")
+
+
 def test_an_outlier_is_far_from_its_levels_other_blocks() -> None:
     assert metrics.outlier(250.0, [500.0, 510.0, 495.0]) is not None  # half of the others
     assert metrics.outlier(450.0, [500.0, 510.0, 495.0]) is None  # within 1.5x

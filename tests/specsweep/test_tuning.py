@@ -37,7 +37,8 @@ K = {
 
 
 def grid_store(root: Path, base: dict[int, list[float]], points: dict[int, dict[int, list[float]]],
-               command: str = VLLM_SPEC, engine: str = "vllm") -> ResultsStore:
+               command: str = VLLM_SPEC, engine: str = "vllm",
+               batch: dict[int, tuple[float, float]] | None = None) -> ResultsStore:
     store = ResultsStore(root)
     runs = [("base", "vllm-baseline", base, "python -m vllm.entrypoints.openai.api_server --model /m/llama")]
     runs += [(f"k{k}", f"vllm-draft-k{k}", blocks, command % k) for k, blocks in points.items()]
@@ -45,7 +46,7 @@ def grid_store(root: Path, base: dict[int, list[float]], points: dict[int, dict[
         store.write_run(run_id, RunRow(config_name=name, engine=engine, host="gpu-01", status="completed", command=cmd,
                                        design="sequential", sweep_json=json.dumps({"num_requests": 16}),
                                        engine_version="vllm 0.32.0"))
-        for r in rows(name, blocks):
+        for r in rows(name, blocks, batch):
             store.write_level(run_id, r.level.key, r, [])
     return store
 
@@ -82,6 +83,24 @@ def test_the_best_k_per_range_becomes_vllms_schedule(tmp_path: Path) -> None:
     assert "| 1 | k5 | 5 |" in report and "| 9+ | off (baseline) | 0 |" in report
     assert "num_speculative_tokens_per_batch_size" in report
     assert (folder / "speedup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_ranges_follow_the_batch_the_engine_ran_not_the_concurrency(tmp_path: Path) -> None:
+    # The engine ran at most 3 at C=4 and 6 at C=8 (its max_num_seqs): each range starts above what it ran at
+    # the level before, and the report shows concurrency and batch side by side.
+    batches = {1: (1.0, 1.0), 4: (2.7, 3.0), 8: (5.6, 6.0), 16: (6.0, 6.0)}
+    store = grid_store(tmp_path / "res", BASE, K, batch=batches)
+    points = grid_points(VLLM, {"num_speculative_tokens": [1, 3, 5]})
+    tuning = tune_runs(store, "vllm", "base", {"k1": "k1", "k3": "k3", "k5": "k5"}, points, DecisionConfig())
+    assert [(r.batch_from, r.batch_to, r.point, r.k) for r in tuning.ranges] == [
+        (1, 1, "k5", 5), (2, 3, "k3", 3), (4, 6, "k1", 1), (7, 4096, None, 0)]
+    assert tuning.setting is not None
+    assert tuning.setting.content["num_speculative_tokens_per_batch_size"] == [[1, 1, 5], [2, 3, 3], [4, 6, 1],
+                                                                               [7, 4096, 0]]
+    rec = tuning.recommendation
+    assert rec.off_from_batch == 7 and "never ran a batch of 7 at 16 (at most 6)" in rec.reason
+    report = (Path(write_tuning_report(tuning, store)["report"].removeprefix("file://"))).read_text()
+    assert "| running batch, best point (max) |" in report and "| 4 | 2.7 (3) |" in report
 
 
 def test_sglang_grid_gives_candidate_steps_per_batch_tier(tmp_path: Path) -> None:

@@ -92,7 +92,7 @@ def _common(model: str, parallel: int, ctx: int, threads: int, poll: int = 0) ->
 
 
 def baseline(
-    *, model_path: str | None = None, parallel: int = 8, ctx: int = 8192, threads: int = 2,
+    *, model_path: str | None = None, parallel: int = 8, ctx: int = 16384, threads: int = 2,
     port: int = DEFAULT_PORT, name: str = "llamacpp-baseline", layers: int | None = None,
 ) -> ServerProfile:
     """``layers``: of the generated target (the draft is its first block); default 8."""
@@ -101,7 +101,7 @@ def baseline(
 
 
 def speculative(
-    *, model_path: str | None = None, draft_model_path: str | None = None, parallel: int = 8, ctx: int = 8192,
+    *, model_path: str | None = None, draft_model_path: str | None = None, parallel: int = 8, ctx: int = 16384,
     threads: int = 2, draft_max: int = 4, draft_min: int = 0, draft_p_min: float | None = None,
     port: int = DEFAULT_PORT, name: str = "llamacpp-speculative", layers: int | None = None,
 ) -> ServerProfile:
@@ -124,7 +124,9 @@ class LlamaCppSettings(EngineSettings):
     model_path: str | None = Field(None, description="Target GGUF; default the generated tiny model in data/models/.")
     draft_model_path: str | None = Field(None, description="Draft GGUF; default the generated tiny draft.")
     parallel: int = Field(8, ge=1, le=256, description="Server slots (-np): the most requests decoded together.")
-    ctx: int = Field(8192, ge=256, description="Total context (-c), shared by the slots.")
+    ctx: int = Field(16384, ge=256, description="Total context (-c), shared by the slots: 2,048 tokens each at 8 slots, "
+                     "room for the longest MT-Bench question (1,169 tokens with the generated models' vocabulary) and "
+                     "its answer.")
     threads: int = Field(2, ge=1, le=256, description="CPU threads (-t). On this 2-core machine: with one, drafting "
                          "does not pay even alone (benchmarks/cache_fit.py --threads 1); with two it pays up to 4 in "
                          "flight, and the client and Prefect take some of the cores (a round of blocks the machine "

@@ -21,10 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-CHAT_TEMPLATE = (
-    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
+from specsweep.vocabulary import CHAT_TEMPLATE
 
 # Common English words: enough for readable-looking prompts to tokenize into whole pieces.
 _WORDS = """the of and to a in is it you that he was for on are with as I his they be at one have this from

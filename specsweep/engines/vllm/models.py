@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from specsweep.errors import ConfigError
-from specsweep.vocabulary import WORDS
+from specsweep.vocabulary import CHAT_TEMPLATE, WORDS
 
 _WRITER = Path(__file__).with_name("_write_hf.py")
 SPECIAL = ["<unk>", "<s>", "</s>"]
@@ -34,6 +34,7 @@ class HFModelSpec:
     vocab_size: int = 1000
     max_len: int = 2048
     block_scale: float = 0.05
+    chat_template: str = CHAT_TEMPLATE  # in tokenizer_config.json: vLLM's chat endpoint applies it
 
 
 @dataclass(frozen=True)
@@ -64,10 +65,11 @@ def make_tokenizer(folder: Path, *, decoder: bool = True, vocab_size: int = 1000
     return path
 
 
-def _tokenizer_config(folder: Path, max_len: int) -> None:
+def _tokenizer_config(folder: Path, spec: HFModelSpec) -> None:
     (folder / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
-        "model_max_length": max_len, "clean_up_tokenization_spaces": False}, indent=2))
+        "model_max_length": spec.max_len, "clean_up_tokenization_spaces": False, "chat_template": spec.chat_template},
+        indent=2))
 
 
 def make_models(out: Path, python: str, spec: HFModelSpec = HFModelSpec(), *, force: bool = False) -> HFModels:
@@ -92,7 +94,7 @@ def make_models(out: Path, python: str, spec: HFModelSpec = HFModelSpec(), *, fo
                               f"the vLLM virtualenv's python, from scripts/vllm_cpu.sh):\n{done.stderr[-2000:]}")
         for name in ("target", "draft"):
             shutil.copy(tok, tmp / name / "tokenizer.json")
-            _tokenizer_config(tmp / name, spec.max_len)
+            _tokenizer_config(tmp / name, spec)
         shutil.rmtree(tmp / "tokenizer")
         (tmp / "spec.json").write_text(json.dumps(asdict(spec), indent=2))
         if out.exists():
