@@ -28,7 +28,7 @@ from specsweep.analysis.stats import Verdict, ratio_interval, verdict
 from specsweep.records import LevelRow
 
 COLUMNS = ("mode", "level_value", "repeat", "warmup", "prompt_index", "category", "output_tokens", "e2e_ms",
-           "error_type", "spec_verify_ct", "output_digest", "finish_reason")
+           "error_type", "spec_verify_ct", "spec_draft_tokens", "spec_accepted_tokens", "output_digest", "finish_reason")
 #: Below this share of prompts with the same greedy output, the speculative server is flagged.
 LOSSLESS_MIN_SHARE = 0.8
 #: A category needs this many prompt pairs at a level for a verdict there.
@@ -45,6 +45,8 @@ class CategoryLevel(BaseModel):
     ratio_high: float | None = None
     verdict: Verdict
     accept_length: float | None = Field(None, description="Speculative output tokens per verify step.")
+    acceptance_rate: float | None = Field(None, description="Drafted tokens the target accepted, where the engine "
+                                          "says per request (llama.cpp: draft_n_accepted / draft_n).")
 
 
 class OutputLengths(BaseModel):
@@ -118,6 +120,7 @@ def traffic_view(base_frame: Iterable[Mapping[str, Any]], spec_frame: Iterable[M
     view = TrafficView(source=next((r.prompt_source for r in spec_rows if r.prompt_source), None))
     pairs: dict[tuple[str, int], list[tuple[float, float]]] = defaultdict(list)
     steps: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
+    drafts: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)  # (accepted, drafted)
     same: dict[int, list[bool]] = defaultdict(list)
     greedy = all(r.temperature in (None, 0.0) for r in (*base_rows, *spec_rows))
     for key in sorted(base.keys() & spec.keys()):
@@ -129,16 +132,19 @@ def traffic_view(base_frame: Iterable[Mapping[str, Any]], spec_frame: Iterable[M
             pairs[(category, c)].append((_speed(b), _speed(s)))
             if s.get("spec_verify_ct"):
                 steps[(category, c)].append((int(s["output_tokens"]), int(s["spec_verify_ct"])))
+            if s.get("spec_draft_tokens"):
+                drafts[(category, c)].append((int(s.get("spec_accepted_tokens") or 0), int(s["spec_draft_tokens"])))
         if greedy and b.get("output_digest") and s.get("output_digest"):
             same[c].append(b["output_digest"] == s["output_digest"])
     for (category, c), got in sorted(pairs.items()):
         interval = ratio_interval([x for x, _ in got], [y for _, y in got], paired=True) if got else None
-        accepted = steps.get((category, c))
+        accepted, drafted = steps.get((category, c)), drafts.get((category, c))
         view.levels.append(CategoryLevel(
             category=category, concurrency=c, pairs=len(got), ratio=interval.ratio if interval else float("nan"),
             ratio_low=interval.low if interval else None, ratio_high=interval.high if interval else None,
             verdict=verdict(interval, margin) if interval and len(got) >= MIN_PAIRS else "undetermined",
-            accept_length=sum(t for t, _ in accepted) / sum(v for _, v in accepted) if accepted else None))
+            accept_length=sum(t for t, _ in accepted) / sum(v for _, v in accepted) if accepted else None,
+            acceptance_rate=sum(a for a, _ in drafted) / sum(d for _, d in drafted) if drafted else None))
     by_category: dict[str, list[LevelVerdict]] = defaultdict(list)
     for lv in view.levels:
         got = pairs[(lv.category, lv.concurrency)]

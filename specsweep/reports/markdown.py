@@ -124,6 +124,14 @@ def temperatures_markdown(comparisons: dict[str, Comparison]) -> str:
                          "you serve with."])
 
 
+def acceptance_words(lv: CategoryLevel, lead: str) -> str:
+    """A category's acceptance as its engine reports it per request: tokens per verify step, or the share of
+    drafted tokens accepted."""
+    if lv.accept_length is not None:
+        return f"{lead}accept {lv.accept_length:.2f}"
+    return f"{lead}accepted {lv.acceptance_rate:.0%}" if lv.acceptance_rate is not None else ""
+
+
 def traffic_markdown(view: TrafficView | None) -> list[str]:
     """Per category of prompt: the ratio by level, the acceptance, an answer each; output lengths; lossless."""
     if view is None or not view.levels:
@@ -135,8 +143,7 @@ def traffic_markdown(view: TrafficView | None) -> list[str]:
         if lv is None:
             return "-"
         ci = f" [{lv.ratio_low:.2f}, {lv.ratio_high:.2f}]" if lv.ratio_low is not None and lv.ratio_high is not None else ""
-        accept = f", accept {lv.accept_length:.2f}" if lv.accept_length is not None else ""
-        return f"x{lv.ratio:.2f}{ci} {lv.verdict}{accept}"
+        return f"x{lv.ratio:.2f}{ci} {lv.verdict}{acceptance_words(lv, ', ')}"
 
     rows = [[cat, *(cell(cells.get((cat, c))) for c in cs),
              headline(view.recommendations[cat]) if cat in view.recommendations else "-"] for cat in view.categories]

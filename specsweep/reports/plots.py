@@ -25,7 +25,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator  # noqa: E402
 
 from specsweep.analysis.compare import Comparison  # noqa: E402
-from specsweep.analysis.traffic import MIX  # noqa: E402
+from specsweep.analysis.traffic import MIX, CategoryLevel  # noqa: E402
 from specsweep.analysis.tuning import Tuning  # noqa: E402
 
 DPI = 90
@@ -151,16 +151,24 @@ def category_plot(comp: Comparison) -> bytes | None:
     cs = sorted({lv.concurrency for lv in view.levels})
     width = 0.8 / max(1, len(cs))
     colours = plt.get_cmap("viridis")
+    # Acceptance as the engine reports it per request: tokens per verify step (SGLang), else the share of drafted
+    # tokens accepted (llama.cpp).
+    rate = not any(lv.accept_length is not None for lv in view.levels)
+
+    def figure(lv: CategoryLevel) -> float | None:
+        return lv.acceptance_rate if rate else lv.accept_length
+
     for j, c in enumerate(cs):
-        accept = [next((lv.accept_length for lv in view.levels if lv.category == cat and lv.concurrency == c), None)
+        accept = [next((figure(lv) for lv in view.levels if lv.category == cat and lv.concurrency == c), None)
                   for cat in cats]
         a1.bar([i + (j - (len(cs) - 1) / 2) * width for i in range(len(cats))],
                [float("nan") if a is None else a for a in accept], width, label=f"C={c}",
                color=colours(j / max(1, len(cs) - 1)))
     a1.set_xticks(range(len(cats)), [c.replace("(mix as sent)", "mix") for c in cats], rotation=30, ha="right",
                   fontsize=8)
-    a1.set(ylabel="output tokens per verify step", title=f"Acceptance by category ({comp.speculative})")
-    top = max((lv.accept_length or 0.0 for lv in view.levels), default=1.0)
+    a1.set(ylabel="drafted tokens accepted (share)" if rate else "output tokens per verify step",
+           title=f"Acceptance by category ({comp.speculative})")
+    top = max((figure(lv) or 0.0 for lv in view.levels), default=1.0)
     a1.set_ylim(0, max(1.0, top) * 1.25)  # room for the legend above the bars
     a1.legend(fontsize=7, ncol=len(cs), loc="upper center")
     for cat in cats:

@@ -15,7 +15,7 @@ from specsweep.analysis.traffic import MIX, TrafficView
 from specsweep.analysis.tuning import Tuning
 from specsweep.analysis.verify import Verification
 from specsweep.records import LevelRow
-from specsweep.reports.markdown import batch_cell, batch_span, configure_lines, headline
+from specsweep.reports.markdown import acceptance_words, batch_cell, batch_span, configure_lines, headline
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
@@ -126,7 +126,7 @@ def _print_categories(out: Console, view: TrafficView) -> None:
         for c in cs:
             lv = cells.get((cat, c))
             row.append("-" if lv is None else f"{lv.ratio:.2f} {lv.verdict}"
-                       + (f" (accept {lv.accept_length:.2f})" if lv.accept_length is not None else ""))
+                       + (f" ({words})" if (words := acceptance_words(lv, "")) else ""))
         rec = view.recommendations.get(cat)
         table.add_row(cat, *row, headline(rec) if rec is not None else "-")
     out.print(table)

@@ -8,6 +8,7 @@ from typing import Any
 
 from specsweep.analysis.traffic import LOSSLESS_MIN_SHARE, MIX, traffic_view
 from specsweep.records import LevelRow
+from specsweep.reports.markdown import traffic_markdown
 
 
 def level(c: int, repeat: int = 0, **fields: Any) -> LevelRow:
@@ -53,6 +54,21 @@ def test_categories_get_their_own_answer_and_the_mix_its_own() -> None:
     assert {(o.config, o.concurrency) for o in view.lengths} == {(n, c) for n in ("baseline", "speculative")
                                                                    for c in (1, 8)}
     assert all(o.stop_share == 1.0 and 100 <= o.p10 <= o.p50 <= o.p90 < 150 for o in view.lengths)
+
+
+def test_an_engine_that_counts_drafted_and_accepted_tokens_per_request_gets_its_acceptance_per_category() -> None:
+    # llama.cpp's answer says per request how many tokens it drafted and how many the target accepted.
+    speed = {("coding", 1): 50.0, ("coding", 8): 30.0, ("writing", 1): 50.0, ("writing", 8): 30.0}
+    spec = requests(speed, seed=2)
+    for r in spec:
+        r["spec_draft_tokens"] = 40
+        r["spec_accepted_tokens"] = 36 if r["category"] == "coding" else 24
+    rows = [level(1), level(8)]
+    view = traffic_view(requests(speed, seed=1), spec, rows, rows, margin=0.03)
+    cells = {(lv.category, lv.concurrency): lv for lv in view.levels}
+    assert cells[("coding", 8)].acceptance_rate == 0.9 and cells[("writing", 1)].acceptance_rate == 0.6
+    assert cells[(MIX, 1)].acceptance_rate == 0.75 and cells[("coding", 1)].accept_length is None
+    assert "x1.00 [" in traffic_markdown(view)[1] and "accepted 90%" in traffic_markdown(view)[1]
 
 
 def test_a_speculative_server_that_changes_greedy_outputs_is_flagged() -> None:
