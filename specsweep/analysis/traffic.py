@@ -46,7 +46,7 @@ class CategoryLevel(BaseModel):
     verdict: Verdict
     accept_length: float | None = Field(None, description="Speculative output tokens per verify step.")
     acceptance_rate: float | None = Field(None, description="Drafted tokens the target accepted, where the engine "
-                                          "says per request (llama.cpp: draft_n_accepted / draft_n).")
+                                          "says per request (its drafted and accepted tokens).")
 
 
 class OutputLengths(BaseModel):

@@ -77,7 +77,7 @@ def comparison_plots(comp: Comparison) -> dict[str, bytes]:
                 label=f"as recommended, run by the engine ({comp.verification.status})")
     _concurrency_axis(ax, c)
     ax.set(ylabel="output tokens/s", title="Output throughput (95% interval of each mean)")
-    ax.legend()
+    ax.legend(loc="upper left")  # a fixed place: finding the "best" took over 1 s on a busy machine
     out["throughput"] = _png(fig)
 
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
@@ -99,7 +99,7 @@ def comparison_plots(comp: Comparison) -> dict[str, bytes]:
         ax.axvline(threshold, color="tab:red", ls="--", label=f"off from {threshold}")
     _concurrency_axis(ax, c)
     ax.set(ylabel="speculative / baseline", title="Speedup from speculation (with its interval)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper right")
     out["speedup"] = _png(fig)
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10.4, 3.8))
@@ -120,7 +120,7 @@ def comparison_plots(comp: Comparison) -> dict[str, bytes]:
             ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
             ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set(title=title)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper left")
     out["latency"] = _png(fig)
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
@@ -134,7 +134,7 @@ def comparison_plots(comp: Comparison) -> dict[str, bytes]:
     ax.set(xlabel="total output tokens/s", ylabel="tokens/s per user (1000 / TPOT p50)",
            title="Per-user speed against total throughput")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper right")  # the curves run from the upper left (one stream) down to the right
     out["pareto"] = _png(fig)
     if (by_category := category_plot(comp)) is not None:
         out["categories"] = by_category
@@ -151,8 +151,8 @@ def category_plot(comp: Comparison) -> bytes | None:
     cs = sorted({lv.concurrency for lv in view.levels})
     width = 0.8 / max(1, len(cs))
     colours = plt.get_cmap("viridis")
-    # Acceptance as the engine reports it per request: tokens per verify step (SGLang), else the share of drafted
-    # tokens accepted (llama.cpp).
+    # Acceptance as the engine reports it per request: tokens per verify step, else the share of drafted tokens
+    # accepted.
     rate = not any(lv.accept_length is not None for lv in view.levels)
 
     def figure(lv: CategoryLevel) -> float | None:
@@ -181,7 +181,7 @@ def category_plot(comp: Comparison) -> bytes | None:
     a2.axhline(1.0, color="grey", lw=1)
     _concurrency_axis(a2, cs)
     a2.set(ylabel="speculative / baseline per-request speed", title="Speedup by category")
-    a2.legend(fontsize=7, ncol=2)
+    a2.legend(fontsize=7, ncol=2, loc="lower left")
     fig.tight_layout()
     return _png(fig)
 
