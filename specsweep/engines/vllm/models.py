@@ -9,6 +9,7 @@ CPU attention refuses 16.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import shutil
 import subprocess
@@ -73,13 +74,20 @@ def _tokenizer_config(folder: Path, spec: HFModelSpec) -> None:
 
 
 def make_models(out: Path, python: str, spec: HFModelSpec = HFModelSpec(), *, force: bool = False) -> HFModels:
-    """The target and draft folders under ``out`` (written, or reused when their spec matches)."""
+    """The target and draft folders under ``out`` (written, or reused when their spec matches). One writer at a
+    time (a lock beside the folder): a second process waits, then reuses what the first wrote."""
     out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _make_models(out, python, spec, force=force)
+
+
+def _make_models(out: Path, python: str, spec: HFModelSpec, *, force: bool) -> HFModels:
     stamp = out / "spec.json"
     models = HFModels(out / "target", out / "draft", spec)
     if not force and stamp.is_file() and json.loads(stamp.read_text()) == asdict(spec):
         return models
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".models-", dir=out.parent))
     try:
         tok = make_tokenizer(tmp / "tokenizer", vocab_size=spec.vocab_size)

@@ -1,0 +1,74 @@
+"""The real vLLM in tests: its settings for the tiny models, and which of its processes a test's runs own."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from types import TracebackType
+
+from specsweep.engines.vllm import VLLMSettings
+from specsweep.engines.vllm.models import HFModels
+
+
+def settings(models: HFModels, python: str, port: int, **fields: object) -> VLLMSettings:
+    return VLLMSettings.model_validate({
+        "model": str(models.target), "method": "draft_model", "draft_model": str(models.draft),
+        "num_speculative_tokens": 3, "port": port, "max_model_len": 1024, "python": python,
+        # 1 GiB of KV cache; bf16 is what the CPU backend runs fastest; eager (no torch.compile): a start
+        # takes about 22 s here instead of 45.
+        "extra_args": ["--dtype", "bfloat16", "--enforce-eager"], "env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
+        "startup_timeout_s": 300,
+        **fields})
+
+
+def _server_groups(ports: tuple[int, ...]) -> set[int]:
+    """The process groups of the vLLM API servers listening on ``ports`` (their engine cores and workers run in
+    the same group; the core's title overwrites its command line and environment, so it is known by its group)."""
+    groups = set()
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if "vllm.entrypoints" in cmd and any(f"--port {port} " in cmd for port in ports):
+                groups.add(os.getpgid(int(d.name)))
+        except OSError:
+            continue
+    return groups
+
+
+class ServerGroups:
+    """Watches, while a test's runs go on, the process groups of the vLLM servers on its ports; afterwards
+    ``alive()`` lists every process still in one of them. Tests on other ports (other workers) are never seen."""
+
+    def __init__(self, *ports: int) -> None:
+        self.ports = ports
+        self.seen: set[int] = set()
+        self._task: asyncio.Task[None] | None = None
+
+    async def _watch(self) -> None:
+        while True:
+            self.seen |= await asyncio.to_thread(_server_groups, self.ports)
+            await asyncio.sleep(0.3)
+
+    async def __aenter__(self) -> ServerGroups:
+        self._task = asyncio.create_task(self._watch())
+        return self
+
+    async def __aexit__(self, *exc: type[BaseException] | BaseException | TracebackType | None) -> None:
+        assert self._task is not None
+        self._task.cancel()
+
+    def alive(self) -> list[int]:
+        """Live processes in a group a server on this port had (assert ``seen`` too: a watch that saw nothing
+        proves nothing)."""
+        found = []
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                try:
+                    if os.getpgid(int(d.name)) in self.seen:
+                        found.append(int(d.name))
+                except OSError:
+                    continue
+        return found
