@@ -35,7 +35,9 @@ def _server_groups(ports: tuple[int, ...]) -> set[int]:
                 groups.add(os.getpgid(int(d.name)))
         except OSError:
             continue
-    return groups
+    # The start's own shell carries the server's command line for a moment, in the test's group, before it
+    # starts the server in a session of its own (setsid): that group is the tests', not a server's.
+    return groups - {os.getpgrp()}
 
 
 class ServerGroups:
@@ -60,15 +62,19 @@ class ServerGroups:
         assert self._task is not None
         self._task.cancel()
 
-    def alive(self) -> list[int]:
-        """Live processes in a group a server on this port had (assert ``seen`` too: a watch that saw nothing
-        proves nothing)."""
+    def alive(self) -> list[str]:
+        """Live processes (pid and command line) in a group a server on these ports had (assert ``seen`` too: a
+        watch that saw nothing proves nothing)."""
         found = []
         for d in Path("/proc").iterdir():
             if d.name.isdigit():
                 try:
-                    if os.getpgid(int(d.name)) in self.seen:
-                        found.append(int(d.name))
+                    if os.getpgid(int(d.name)) not in self.seen:
+                        continue
+                    if (d / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                        continue  # dead, not yet reaped (a killed server's children are reparented for that)
+                    cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                    found.append(f"{d.name} {cmd[:200]}")
                 except OSError:
                     continue
         return found
