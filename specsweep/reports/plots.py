@@ -120,7 +120,7 @@ def comparison_plots(comp: Comparison) -> dict[str, bytes]:
             ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
             ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set(title=title)
-        ax.legend(fontsize=7, loc="upper left")
+        ax.legend(fontsize=7, loc="lower right")  # latency rises with load: the lower right stays clear
     out["latency"] = _png(fig)
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
