@@ -155,15 +155,20 @@ def _decided(levels: Sequence[LevelVerdict], t: int, pct: str, fixed: dict[str, 
                           reason=f"{reason} {words}", projected_tokens_per_s=projected)
 
 
+def batch_above(concurrency: int, batch_max: float | None) -> int:
+    """The first running batch above what the engine ran at a level: the largest it reported, else (not measured)
+    the level's concurrency."""
+    return (max(1, math.ceil(batch_max - 1e-9)) if batch_max is not None else concurrency) + 1
+
+
 def switch_batch(last_on: LevelVerdict, first_off: LevelVerdict) -> tuple[int, bool, str]:
     """Where an engine's per-batch setting turns speculation off, keyed on its running batch (what engines
     switch on), not on the client's concurrency: just above the largest batch the engine ran at the last level
     where speculation pays, so that level keeps it. Returns (batch, measured, the words for the report)."""
+    b = batch_above(last_on.concurrency, last_on.batch_max)
     if last_on.batch_max is None:
-        b = last_on.concurrency + 1
         return b, False, (f"The engine's running batch was not measured (no /metrics gauge), so the batch is taken as "
                           f"the concurrency: an engine's per-batch setting turns speculation off from a batch of {b}.")
-    b = max(1, math.ceil(last_on.batch_max - 1e-9)) + 1
     words = (f"In batch sizes, as engines switch: the engine ran batches of up to {last_on.batch_max:g} at "
              f"{last_on.concurrency} (mean {last_on.batch_mean or 0:.1f}) and of {first_off.batch_mean or 0:.1f} on "
              f"average at {first_off.concurrency}: an engine's per-batch setting turns speculation off from a running "

@@ -17,7 +17,6 @@ the ranges themselves, for a router.
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from specsweep import engines
 from specsweep.analysis.compare import Comparison, compare_runs
 from specsweep.analysis.decision import DecisionConfig
-from specsweep.analysis.recommend import LevelVerdict, Recommendation, recommend
+from specsweep.analysis.recommend import LevelVerdict, Recommendation, batch_above, recommend
 from specsweep.analysis.stats import Verdict
 from specsweep.engines import EngineSettings, PerBatchSetting, SpeculationSettings
 from specsweep.engines.base import MAX_BATCH
@@ -194,8 +193,7 @@ def setting_ranges(levels: Sequence[LevelChoice], points: Sequence[GridPoint],
 
     def after(lv: LevelChoice) -> int:
         """The first batch above what the engine ran at this level (with its best point), after the last start."""
-        high = lv.points[lv.best].batch_max
-        b = (max(1, math.ceil(high - 1e-9)) if high is not None else lv.concurrency) + 1
+        b = batch_above(lv.concurrency, lv.points[lv.best].batch_max)
         return max(b, starts[-1][0] + 1) if starts else b
 
     for i, lv in enumerate(on):
