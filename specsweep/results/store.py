@@ -78,8 +78,12 @@ class ResultsStore:
         self.location.write_bytes(f"levels/run_id={run_id}/{level_key}.parquet", _parquet_bytes(to_table([row])))
 
     def write_level_row(self, run_id: str, level_key: str, row: LevelRow) -> None:
-        """A level's row again (its requests unchanged): a block set aside after it was stored."""
-        self.location.write_bytes(f"levels/run_id={run_id}/{level_key}.parquet", _parquet_bytes(to_table([row])))
+        """A level's row again (its requests unchanged): a block set aside after it was stored. A row stored
+        already as it is (a retry judging a block its first try judged) is left as it was."""
+        rel, data = f"levels/run_id={run_id}/{level_key}.parquet", _parquet_bytes(to_table([row]))
+        if self.location.exists(rel) and self.location.read_bytes(rel) == data:
+            return
+        self.location.write_bytes(rel, data)
 
     def write_file(self, relative: str, data: bytes) -> str:
         """Any other file under the root (reports, plots); returns its URL."""
