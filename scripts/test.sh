@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The static checks, then the whole test suite (installs what it needs first):
 #   1. every test but the "solo" ones, four at a time (most of them wait on servers; six at a time took longer:
-#      each test slowed more than the waits overlapped);
+#      each test slowed more than the waits overlapped), the longest files first (tests/conftest.py's
+#      LONGEST_FIRST: xdist's own reordering, by number of tests, would start the real vLLM's file last);
 #   2. the "solo" ones (timing bounds, busy-waiting servers), one at a time, with nothing else running.
 # Arguments go to both pytest runs (e.g. -k NAME, -x).
 set -euo pipefail
@@ -13,6 +14,6 @@ SPECSWEEP_VLLM_PYTHON="${SPECSWEEP_VLLM_PYTHON:-$(bash scripts/vllm_cpu.sh)}"
 export SPECSWEEP_VLLM_PYTHON
 export PREFECT_HOME="${PREFECT_HOME:-$(mktemp -d)}"
 status=0
-.venv/bin/python -m pytest -q -p no:cacheprovider -n 4 --dist loadfile --durations=10 -m "not solo" "$@" || status=$?
+.venv/bin/python -m pytest -q -p no:cacheprovider -n 4 --dist loadfile --no-loadscope-reorder --durations=10 -m "not solo" "$@" || status=$?
 .venv/bin/python -m pytest -q -p no:cacheprovider --durations=5 -m solo "$@" || { rc=$?; [ $rc -eq 5 ] || status=$rc; }
 exit $status
