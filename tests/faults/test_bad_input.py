@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -23,7 +22,8 @@ from flows.compare_speculation import compare_local_llamacpp, compare_sglang_eag
 from flows.server_lifecycle import server_lifecycle
 from flows.sglang_benchmarks import baseline_benchmark, eagle3_benchmark
 from flows.tune_speculation import tune_speculation
-from tests.conftest import REPO, TOY
+from tests.conftest import TOY
+from tests.helpers.cli import invoke
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
@@ -213,11 +213,6 @@ async def test_port_in_use_names_the_holder_and_the_fix(tmp_path: Path) -> None:
 
 # -- the command line ------------------------------------------------------------------------
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, timeout=120,
-                          cwd=REPO)
-
-
 CLI_CASES = {
     "concurrency 0": (["bench", "--url", "http://127.0.0.1:9", "--concurrency", "0"],
                       "every concurrency level must be at least 1"),
@@ -238,7 +233,7 @@ def test_command_line_refuses_bad_input(case: str, tmp_path: Path) -> None:
     good.write_text(json.dumps(profile()))
     bad.write_text(json.dumps(profile(port="eighty")))
     args = [a.replace("{profile}", str(good)).replace("{bad_profile}", str(bad)) for a in args]
-    proc = cli(*args)
+    proc = invoke(*args)
     assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
     assert needle in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr

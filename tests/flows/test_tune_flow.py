@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,6 +22,7 @@ from specsweep.analysis.compare import compare_runs
 from specsweep.engines.llamacpp import LlamaCppSettings
 from specsweep.results.store import ResultsStore
 from tests.conftest import pids_with_marker
+from tests.helpers.cli import invoke
 from tests.helpers.runner import serving, wait_for_deployment, wait_for_state
 from tests.helpers.sim import running_sim
 from tests.helpers.sshd import free_port
@@ -205,7 +204,8 @@ async def test_llamacpp_draft_max_grid_on_this_machine(tmp_path: Path) -> None:
     (["--engine", "vllm"], "--engine vllm needs --settings FILE"),
     (["--levels", "1,x"], "--concurrency must be a comma-separated list of numbers"),
 ])
-def test_the_command_line_refuses_a_bad_grid_before_any_run(argv: list[str], words: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "tune", *argv], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2, done.stderr
+def test_the_command_line_refuses_a_bad_grid_before_any_run(argv: list[str], words: str, tmp_path: Path) -> None:
+    done = invoke("tune", *argv, "--results", str(tmp_path / "results"))
+    assert done.returncode == 2, (done.stdout, done.stderr)
     assert words in done.stderr
+    assert not (tmp_path / "results").exists()  # refused before anything ran
