@@ -300,6 +300,11 @@ class _RawConn:
         self.sock.close()
 
 
+#: The most one connection opened ahead of a level may take: loopback or a tunnel's local end answers at once; a
+#: server whose listen queue is full would otherwise hold the level for the kernel's SYN retries (about 2 min).
+PREFILL_CONNECT_S = 10.0
+
+
 class Pool:
     """Keep-alive connections to one server, at most ``limit`` open at once."""
 
@@ -350,10 +355,12 @@ class Pool:
         self.opened += 1
         return _RawConn(sock, loop, self.offset)
 
-    async def prefill(self, n: int) -> None:
-        """Open ``n`` connections before the clock starts."""
+    async def prefill(self, n: int, timeout_s: float = PREFILL_CONNECT_S) -> None:
+        """Open ``n`` connections before the clock starts, each within ``timeout_s`` (a connection not open by
+        then is opened by the request that needs it, inside that request's own limit)."""
         need = max(0, n - len(self.idle))
-        conns = await asyncio.gather(*(self._connect() for _ in range(need)), return_exceptions=True)
+        conns = await asyncio.gather(*(asyncio.wait_for(self._connect(), timeout_s) for _ in range(need)),
+                                     return_exceptions=True)
         self.idle.extend(c for c in conns if isinstance(c, (_Conn, _RawConn)))
 
     async def request(self, raw: bytes, on_data: OnData, on_sent: Callable[[], None] | None = None) -> None:

@@ -65,3 +65,34 @@ async def test_cut_off_mid_body_is_connection_lost() -> None:
     with pytest.raises(ConnectionLost):
         done.result()
     assert got  # what arrived before the cut was delivered
+
+
+async def test_connections_opened_ahead_of_a_level_wait_a_bounded_time_on_a_server_that_takes_none() -> None:
+    # A server whose listen queue is full (it accepts nothing): the kernel drops further SYNs and connect()
+    # would wait for its retries, about two minutes. Opening connections ahead of a level gives up in its bound.
+    import socket
+    import time
+
+    from specsweep.server.http1 import Pool
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(0)
+    port = server.getsockname()[1]
+    queued = []
+    for _ in range(8):  # fill the queue: the first connections complete, the next ones hang
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex(("127.0.0.1", port))
+        queued.append(s)
+    await asyncio.sleep(0.2)
+    pool = Pool(f"http://127.0.0.1:{port}", 4)
+    t0 = time.perf_counter()
+    await pool.prefill(4, timeout_s=0.5)
+    waited = time.perf_counter() - t0
+    assert waited < 5.0, waited  # the bound (0.5 s) and scheduling, not the kernel's SYN retries (~127 s)
+    assert len(pool.idle) < 4  # those that could not open are left to the requests that need them
+    pool.close()
+    for s in queued:
+        s.close()
+    server.close()
