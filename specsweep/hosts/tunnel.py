@@ -242,7 +242,8 @@ class Tunnel:
         return f"the SSH tunnel to {self.where} cannot open: {what} ({cause})"
 
     def open(self) -> None:
-        """Establish the forward; raise TunnelError (within the SSH connect timeout) when it cannot."""
+        """Establish the forward; raise TunnelError when it cannot (ssh itself within its connect timeout; a start
+        that hangs past it, within twice the connect timeouts and 5 s)."""
         # ssh is started (and restarted) by the supervisor thread only: a child started with
         # PR_SET_PDEATHSIG dies with the thread that started it, so that thread must live as long
         # as the tunnel.
@@ -257,7 +258,12 @@ class Tunnel:
 
     def _first_start(self) -> bool:
         ep = self.host.endpoint
-        timeout = ep.connect_timeout_s + (self.host.jump.connect_timeout_s if self.host.jump else 0.0) + 2.0
+        # ssh gives up itself on a host it cannot reach (ConnectTimeout), and at once on a refused key or forward
+        # (ExitOnForwardFailure): this deadline only ends a start that hangs past all that. Twice the connect
+        # timeouts and 5 s: on a busy machine the start of ssh, the key exchange and the login took over 5 s (the
+        # suite, 3 s connect timeout), and one SSH command beside it 9.5 s.
+        connect = ep.connect_timeout_s + (self.host.jump.connect_timeout_s if self.host.jump else 0.0)
+        timeout = 2 * connect + 5.0
         try:
             for attempt in range(3):
                 self.local_port = free_local_port()
