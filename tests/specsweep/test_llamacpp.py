@@ -12,6 +12,7 @@ from prefect import flow
 
 from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
 from specsweep.engines.llamacpp import baseline as baseline_profile
+from specsweep.engines.llamacpp import default_models_dir
 from specsweep.engines.llamacpp import speculative as speculative_profile
 from specsweep.engines.llamacpp.models import ModelSpec, make_models
 from specsweep.hosts import LocalHost
@@ -39,6 +40,20 @@ def test_models_are_deterministic_and_cached(tmp_path: Path) -> None:
     assert make_models(tmp_path / "a", spec).target.stat().st_mtime_ns == mtime  # reused, not rewritten
     c = make_models(tmp_path / "c", ModelSpec(n_embd=64, n_layer=2, n_ff=128, n_head=4, seed=8))
     assert digest(c.target) != digest(a.target)
+    # Models an earlier version of the generator wrote (kept in the cache) are written again.
+    meta = tmp_path / "a" / "spec.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "generation": -1}))
+    assert make_models(tmp_path / "a", spec).target.stat().st_mtime_ns != mtime
+
+
+def test_the_local_targets_models_are_kept_in_the_users_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A fresh clone reuses the models an earlier run wrote: they live in the user's cache, one folder per shape.
+    monkeypatch.delenv("SPECSWEEP_MODELS_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert default_models_dir() == tmp_path / "cache" / "specsweep" / "models"
+    monkeypatch.setenv("SPECSWEEP_MODELS_DIR", str(tmp_path / "mine"))
+    assert default_models_dir() == tmp_path / "mine"
+    assert ModelSpec().digest() != ModelSpec(n_layer=12).digest() == ModelSpec(n_layer=12).digest()
 
 
 async def stream_completion(port: int, prompt: str, max_tokens: int) -> tuple[str, int, int, dict]:  # type: ignore[type-arg]

@@ -4,7 +4,8 @@
   draft speculation adds ``-md draft.gguf --spec-type draft-simple --spec-draft-n-max N`` (``-md``
   alone loads the draft without speculating). Where the binary is not installed, ``launcher``
   serves the same flags over the xllamacpp wheel. Without model paths, ``models`` writes tiny
-  llama-architecture GGUF models under data/models/ (once).
+  llama-architecture GGUF models once per shape, kept in the user's cache between runs and clones
+  (``default_models_dir``).
 - Health: the port refuses connections for a moment, then ``/health`` answers 503 "Loading model",
   then 200 ``{"status":"ok"}``. SIGTERM exits at once. Its API key is read from ``LLAMA_API_KEY``.
 - Metrics: ``/metrics`` with ``--metrics`` (``llamacpp:`` names).
@@ -42,14 +43,17 @@ from specsweep.profiles import ServerProfile, make_profile
 from specsweep.records import RequestRecord
 
 DEFAULT_PORT = 8081
-REPO_ROOT = Path(__file__).resolve().parents[3]
 LAUNCHER = "specsweep.engines.llamacpp.launcher"
 #: llama.cpp's --spec-type, as vLLM names the method.
 _METHOD = {"draft-simple": "draft_model", "ngram-simple": "ngram", "ngram-mod": "ngram"}
 
 
 def default_models_dir() -> Path:
-    return Path(os.environ.get("SPECSWEEP_MODELS_DIR") or REPO_ROOT / "data" / "models")
+    """Where generated models are kept: $SPECSWEEP_MODELS_DIR, else the user's cache (``~/.cache/specsweep/models``),
+    so that a fresh clone, the tests and the main job reuse what an earlier run wrote instead of writing it again."""
+    if folder := os.environ.get("SPECSWEEP_MODELS_DIR"):
+        return Path(folder)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "specsweep" / "models"
 
 
 def server_command() -> list[str]:
@@ -62,8 +66,9 @@ def _models(model_path: str | None, draft_model_path: str | None, need_draft: bo
     if model_path and (draft_model_path or not need_draft):
         return model_path, draft_model_path
     spec = ModelSpec() if layers is None else ModelSpec(n_layer=layers)
-    # Each shape in its own folder: a server may have the other shape's file open.
-    where = default_models_dir() if spec == ModelSpec() else default_models_dir() / f"layers-{spec.n_layer}"
+    # Each shape in its own folder (named by its spec: a server may have another shape's file open, and another
+    # version of specsweep may share the cache).
+    where = default_models_dir() / f"llama-{spec.digest()}"
     files = make_models(where, spec)
     return model_path or str(files.target), draft_model_path or (str(files.draft) if need_draft else None)
 
@@ -121,7 +126,7 @@ def speculative(
 class LlamaCppSettings(EngineSettings):
     """The local llama.cpp target: tiny generated models (built on demand) or your own GGUF files."""
 
-    model_path: str | None = Field(None, description="Target GGUF; default the generated tiny model in data/models/.")
+    model_path: str | None = Field(None, description="Target GGUF; default the generated tiny model (in the user's cache).")
     draft_model_path: str | None = Field(None, description="Draft GGUF; default the generated tiny draft.")
     parallel: int = Field(8, ge=1, le=256, description="Server slots (-np): the most requests decoded together.")
     ctx: int = Field(16384, ge=256, description="Total context (-c), shared by the slots: 2,048 tokens each at 8 slots, "

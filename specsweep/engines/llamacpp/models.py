@@ -15,6 +15,8 @@ Deterministic for a seed; a 28M-parameter target writes in about a second.
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -54,6 +56,11 @@ east paint language among server model token speed batch cache request stream la
 """.split()
 
 
+#: How the models are generated (vocabulary, weights, GGUF fields): raise it with any change to that code, so that
+#: models kept in the cache by an earlier version are written again.
+GENERATION = 1
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """Shape of a generated model."""
@@ -66,6 +73,11 @@ class ModelSpec:
     draft_layers: int = 1
     block_scale: float = 0.002
     seed: int = 1234
+
+    def digest(self) -> str:
+        """A short name for this shape as ``make_models`` writes it (GENERATION included)."""
+        text = json.dumps({"generation": GENERATION, **asdict(self)}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)
@@ -183,13 +195,20 @@ def _write(path: Path, name: str, spec: ModelSpec, n_layer: int, vocab: tuple[li
 
 
 def make_models(out_dir: Path, spec: ModelSpec = ModelSpec(), *, force: bool = False) -> ModelFiles:
-    """Write target.gguf and draft.gguf (and spec.json) under ``out_dir``; reuse them if the spec matches."""
+    """Write target.gguf and draft.gguf (and spec.json) under ``out_dir``; reuse them if the spec (and GENERATION)
+    match. One writer at a time (a lock in the folder): a second process waits, then reuses what the first wrote."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _make_models(out_dir, spec, force=force)
+
+
+def _make_models(out_dir: Path, spec: ModelSpec, *, force: bool) -> ModelFiles:
     target, draft, meta = out_dir / "target.gguf", out_dir / "draft.gguf", out_dir / "spec.json"
     if not force and target.exists() and draft.exists() and meta.exists():
         saved = json.loads(meta.read_text())
-        if saved.get("spec") == asdict(spec):
+        if saved.get("spec") == asdict(spec) and saved.get("generation") == GENERATION:
             return ModelFiles(target, draft, saved["target_params"], saved["draft_params"], saved["vocab_size"], spec)
     vocab = build_vocab()
     n_special = 3 + 256
@@ -197,6 +216,6 @@ def make_models(out_dir: Path, spec: ModelSpec = ModelSpec(), *, force: bool = F
     tp = _write(target, "specsweep-tiny-target", spec, spec.n_layer, vocab, weights)
     dp = _write(draft, "specsweep-tiny-draft", spec, spec.draft_layers, vocab, weights)
     files = ModelFiles(target, draft, tp, dp, len(vocab[0]), spec)
-    meta.write_text(json.dumps({"spec": asdict(spec), "target_params": tp, "draft_params": dp,
-                                "vocab_size": len(vocab[0])}, indent=2))
+    meta.write_text(json.dumps({"spec": asdict(spec), "generation": GENERATION, "target_params": tp,
+                                "draft_params": dp, "vocab_size": len(vocab[0])}, indent=2))
     return files

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -70,7 +70,9 @@ def measure_acceptance(files: ModelFiles, *, draft_max: int = 4, max_tokens: int
 
 
 def make_models_command(
-    out: Annotated[Path, typer.Option(help="Directory for target.gguf and draft.gguf.")] = Path("data/models"),
+    out: Annotated[Optional[Path], typer.Option(
+        help="Directory for target.gguf and draft.gguf; default the folder the local target reads them from "
+        "(in the user's cache).")] = None,
     seed: Annotated[int, typer.Option(help="Random seed: the same seed writes the same files.")] = 1234,
     force: Annotated[bool, typer.Option("--force", help="Rewrite even if models with the same spec exist.")] = False,
     measure: Annotated[bool, typer.Option(
@@ -78,7 +80,10 @@ def make_models_command(
 ) -> None:
     """Write the tiny llama.cpp target and draft models used by the local target."""
     t0 = time.perf_counter()
-    files = make_models(out, ModelSpec(seed=seed), force=force)
+    from specsweep.engines.llamacpp import default_models_dir
+
+    spec = ModelSpec(seed=seed)
+    files = make_models(out or default_models_dir() / f"llama-{spec.digest()}", spec, force=force)
     typer.echo(f"target {files.target} ({files.target_params / 1e6:.1f}M parameters, "
                f"{files.target.stat().st_size / 1e6:.1f} MB)")
     typer.echo(f"draft  {files.draft} ({files.draft_params / 1e6:.1f}M parameters, "
