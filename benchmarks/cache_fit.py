@@ -33,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 from specsweep.analysis.stats import ratio_interval, verdict  # noqa: E402
 from specsweep.bench.config import SweepConfig, WorkloadConfig  # noqa: E402
 from specsweep.engines.llamacpp import baseline as baseline_profile  # noqa: E402
+from specsweep.engines.llamacpp import default_models_dir  # noqa: E402
 from specsweep.engines.llamacpp import speculative as speculative_profile  # noqa: E402
 from specsweep.engines.llamacpp.models import ModelSpec, make_models  # noqa: E402
 from specsweep.hosts import LocalHost  # noqa: E402
@@ -126,7 +127,7 @@ async def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         store = ResultsStore(Path(tmp) / "results")
         for name in args.targets.split(","):
-            for line in await measure(TARGETS[name], ROOT / "data" / "models" / "cache-fit" / name.split()[0], args,
+            for line in await measure(TARGETS[name], default_models_dir() / "cache-fit" / name.split()[0], args,
                                       store):
                 print(line, flush=True)
     print(f"({args.pairs} paired blocks per level, {args.output_len}-token outputs, llama.cpp -t {args.threads}; "

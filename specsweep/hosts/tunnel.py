@@ -256,14 +256,17 @@ class Tunnel:
             self._closed = True
             raise self._open_error
 
+    def _start_deadline_s(self) -> float:
+        """How long one start of ssh may take until its forward listens. ssh gives up itself on a host it cannot
+        reach (ConnectTimeout), and at once on a refused key or forward (ExitOnForwardFailure): this deadline only
+        ends a start that hangs past all that. Twice the connect timeouts and 5 s: on a busy machine the start of
+        ssh, the key exchange and the login took over 5 s (the suite, 3 s connect timeout), and one SSH command
+        beside it 9.5 s."""
+        connect = self.host.endpoint.connect_timeout_s + (self.host.jump.connect_timeout_s if self.host.jump else 0.0)
+        return 2 * connect + 5.0
+
     def _first_start(self) -> bool:
-        ep = self.host.endpoint
-        # ssh gives up itself on a host it cannot reach (ConnectTimeout), and at once on a refused key or forward
-        # (ExitOnForwardFailure): this deadline only ends a start that hangs past all that. Twice the connect
-        # timeouts and 5 s: on a busy machine the start of ssh, the key exchange and the login took over 5 s (the
-        # suite, 3 s connect timeout), and one SSH command beside it 9.5 s.
-        connect = ep.connect_timeout_s + (self.host.jump.connect_timeout_s if self.host.jump else 0.0)
-        timeout = 2 * connect + 5.0
+        timeout = self._start_deadline_s()
         try:
             for attempt in range(3):
                 self.local_port = free_local_port()
@@ -299,7 +302,7 @@ class Tunnel:
                 if self._closed:
                     return
                 try:
-                    self._start(time.monotonic() + self.host.endpoint.connect_timeout_s + 1.0)
+                    self._start(time.monotonic() + self._start_deadline_s())
                     self.restarts += 1
                     failures = 0
                 except TunnelError:

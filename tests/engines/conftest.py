@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from specsweep.engines.llamacpp import default_models_dir
-from specsweep.engines.vllm.models import HFModels, make_models
+from specsweep.engines.vllm.models import HFModels, HFModelSpec, make_models
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,4 +28,5 @@ def vllm_python() -> str:
 
 @pytest.fixture(scope="session")
 def hf_models(vllm_python: str) -> HFModels:
-    return make_models(default_models_dir() / "vllm-tiny", vllm_python)
+    spec = HFModelSpec()
+    return make_models(default_models_dir() / f"vllm-{spec.digest()}", vllm_python, spec)

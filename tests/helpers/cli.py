@@ -4,7 +4,11 @@ subprocess per case spent about 12 s of a loaded suite importing the command; th
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+
+#: The loggers whose level the command sets (specsweep.cli.options.setup_logging).
+LOGGERS = ("httpx", "paramiko")
 
 
 @dataclass
@@ -20,7 +24,15 @@ def invoke(*args: str) -> Ran:
 
     from flows.cli import app
 
-    done = CliRunner().invoke(app, list(args))
+    # The command sets up logging as a process of its own would: put the test process's back as it was.
+    root = logging.getLogger()
+    handlers, levels = list(root.handlers), {name: logging.getLogger(name).level for name in ("", *LOGGERS)}
+    try:
+        done = CliRunner().invoke(app, list(args))
+    finally:
+        root.handlers[:] = handlers
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
     if done.exception is not None and not isinstance(done.exception, SystemExit):
         raise done.exception  # a crash, not a refusal: show its traceback
     return Ran(done.exit_code, done.stdout, done.stderr)

@@ -216,7 +216,9 @@ def test_a_retry_judging_a_stored_block_again_leaves_its_file_as_the_first_try_w
     f = tmp_path / "levels" / "run_id=r1" / "c4-r4.parquet"
     before = f.stat().st_mtime_ns
     time.sleep(0.01)  # past the filesystem's timestamp granularity, so a rewrite would show
-    store.write_level_row("r1", "c4-r4", store.level_row("r1", "c4-r4") or aside)
+    read_back = store.level_row("r1", "c4-r4")
+    assert read_back == aside  # what a retry judges is the row as stored
+    store.write_level_row("r1", "c4-r4", read_back)
     assert f.stat().st_mtime_ns == before
     store.write_level_row("r1", "c4-r4", aside.model_copy(update={"disturbed": None}))
     assert f.stat().st_mtime_ns != before and store.level_row("r1", "c4-r4").disturbed is None

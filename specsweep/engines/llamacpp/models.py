@@ -198,24 +198,41 @@ def make_models(out_dir: Path, spec: ModelSpec = ModelSpec(), *, force: bool = F
     """Write target.gguf and draft.gguf (and spec.json) under ``out_dir``; reuse them if the spec (and GENERATION)
     match. One writer at a time (a lock in the folder): a second process waits, then reuses what the first wrote."""
     out_dir = Path(out_dir)
+    if not force and (kept := _kept(out_dir, spec)) is not None:
+        return kept  # no lock needed to read (a read-only folder of models works too)
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         return _make_models(out_dir, spec, force=force)
 
 
-def _make_models(out_dir: Path, spec: ModelSpec, *, force: bool) -> ModelFiles:
+def _kept(out_dir: Path, spec: ModelSpec) -> ModelFiles | None:
+    """The models already written under ``out_dir`` for ``spec`` by this GENERATION, or None (a spec.json that
+    cannot be read counts as none: the models are written again)."""
     target, draft, meta = out_dir / "target.gguf", out_dir / "draft.gguf", out_dir / "spec.json"
-    if not force and target.exists() and draft.exists() and meta.exists():
+    if not (target.exists() and draft.exists() and meta.exists()):
+        return None
+    try:
         saved = json.loads(meta.read_text())
         if saved.get("spec") == asdict(spec) and saved.get("generation") == GENERATION:
             return ModelFiles(target, draft, saved["target_params"], saved["draft_params"], saved["vocab_size"], spec)
+    except (OSError, ValueError, KeyError, AttributeError):
+        pass
+    return None
+
+
+def _make_models(out_dir: Path, spec: ModelSpec, *, force: bool) -> ModelFiles:
+    target, draft, meta = out_dir / "target.gguf", out_dir / "draft.gguf", out_dir / "spec.json"
+    if not force and (kept := _kept(out_dir, spec)) is not None:
+        return kept  # another process wrote them while this one waited for the lock
     vocab = build_vocab()
     n_special = 3 + 256
     weights = _weights(spec, len(vocab[0]), n_special)
     tp = _write(target, "specsweep-tiny-target", spec, spec.n_layer, vocab, weights)
     dp = _write(draft, "specsweep-tiny-draft", spec, spec.draft_layers, vocab, weights)
     files = ModelFiles(target, draft, tp, dp, len(vocab[0]), spec)
-    meta.write_text(json.dumps({"spec": asdict(spec), "generation": GENERATION, "target_params": tp,
-                                "draft_params": dp, "vocab_size": len(vocab[0])}, indent=2))
+    tmp = meta.with_suffix(".json.tmp")  # written whole, then in place: spec.json is what says the models are done
+    tmp.write_text(json.dumps({"spec": asdict(spec), "generation": GENERATION, "target_params": tp,
+                               "draft_params": dp, "vocab_size": len(vocab[0])}, indent=2))
+    tmp.replace(meta)
     return files

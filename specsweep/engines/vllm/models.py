@@ -10,6 +10,7 @@ CPU attention refuses 16.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import shutil
 import subprocess
@@ -24,6 +25,11 @@ _WRITER = Path(__file__).with_name("_write_hf.py")
 SPECIAL = ["<unk>", "<s>", "</s>"]
 
 
+#: How the models are written (tokenizer, _write_hf.py, tokenizer_config.json): raise it with any change to that code,
+#: so that models kept in the cache by an earlier version are not taken for this one's.
+GENERATION = 1
+
+
 @dataclass(frozen=True)
 class HFModelSpec:
     seed: int = 1234
@@ -36,6 +42,12 @@ class HFModelSpec:
     max_len: int = 2048
     block_scale: float = 0.05
     chat_template: str = CHAT_TEMPLATE  # in tokenizer_config.json: vLLM's chat endpoint applies it
+
+    def digest(self) -> str:
+        """A short name for these models as ``make_models`` writes them (GENERATION included): the folder to keep
+        them in, so that clones of other versions sharing a cache never rewrite a folder a server may be reading."""
+        text = json.dumps({"generation": GENERATION, **asdict(self)}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)
