@@ -266,3 +266,18 @@ def test_adaptive_needs_eagle_with_topk_1() -> None:
 def test_metrics_only_when_enabled() -> None:
     with running_sim("--sim-profile", "tiny-fast") as (url, _):
         assert httpx.get(url + "/metrics").status_code == 404
+
+
+def test_a_stop_with_a_request_in_flight_ends_the_simulator_within_seconds() -> None:
+    """SIGTERM while a stream is still being generated: the process is gone within seconds, as an engine's is
+    (aiohttp alone waited a minute for the request; the interpreter's teardown took over 10 s on a loaded
+    machine). The bound is a tenth of that minute: the stop itself took 2 s here."""
+    with running_sim() as (url, proc):
+        body = {"prompt": "hello", "max_tokens": 100_000, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as r:
+            next(r.iter_lines())  # generating
+            t0 = time.monotonic()
+            proc.terminate()
+            code = proc.wait(30)
+            took = time.monotonic() - t0
+    assert code == 0 and took < 6, took
