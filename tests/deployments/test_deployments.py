@@ -102,7 +102,8 @@ async def test_run_with_custom_parameters_completes_with_artifacts_and_logs(depl
     port = free_port()
     params = {"sglang": sim_settings(port),
               "benchmark": {"sweep": {"concurrency": [1, 16], "num_requests": 12, "warmup_requests": 2},
-                            "workload": {"input_len": 8, "output_len": 24}, "results": str(tmp_path / "results")}}
+                            "workload": {"input_len": 8, "output_len": 24}, "results": str(tmp_path / "results")},
+              "decision": {"min_blocks": 2, "max_requests_per_level": 24}}  # two blocks each: no verdict asserted
     async with get_client() as client:
         dep = await client.read_deployment_by_name("compare-sglang-eagle3/sglang")
         run = await client.create_flow_run_from_deployment(dep.id, parameters=params)

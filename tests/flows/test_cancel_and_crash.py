@@ -15,7 +15,7 @@ from prefect.states import Cancelling
 from tests.conftest import pids_with_marker
 from tests.helpers.logs import flow_logs
 from tests.helpers.runner import serving, wait_for_deployment, wait_for_state
-from tests.helpers.sim import sim_profiles
+from tests.helpers.sim import SLOW_PROFILE, sim_profiles
 from tests.helpers.sshd import free_port
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.usefixtures("prefect_harness")
 
 def endless_level(port: int, tmp_path: Path) -> dict[str, object]:
     """Parameters of a run whose one level goes on until it is stopped from outside."""
-    base, _ = sim_profiles(port)
+    base, _ = sim_profiles(port, sim_profile=SLOW_PROFILE)
     return {
         "profile": base.as_parameters(),
         "benchmark": {"sweep": {"concurrency": [1], "num_requests": 100000, "warmup_requests": 1},

@@ -49,6 +49,7 @@ async def test_comparison_writes_to_s3_and_its_artifacts_link_there(s3: S3Server
         base, spec, return_state=True,
         benchmark={"results_block": "s3-results", "workload": {"input_len": 8, "output_len": 16},  # type: ignore[arg-type]
                    "sweep": {"concurrency": [1, 4], "num_requests": 8, "warmup_requests": 1}},
+        decision={"min_blocks": 2, "max_requests_per_level": 16},  # type: ignore[arg-type]  # two blocks each
     )
     result = await state.result()
     assert result.results == "s3://specsweep-results/compare"
