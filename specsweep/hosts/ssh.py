@@ -26,8 +26,16 @@ from specsweep.hosts.config import HostConfig, SSHEndpoint
 _log = logging.getLogger(__name__)
 
 
+#: Tries of an SSH handshake that fails after its TCP connection opened (SSHHost._connect).
+HANDSHAKE_TRIES = 3
+
+
 class _Dropped(Exception):
     """The connection went away under a running command."""
+
+
+class _HandshakeFailed(HostError):
+    """The TCP connection opened but the SSH handshake did not end (no banner, dropped, timed out)."""
 
 
 def _fingerprint(key: paramiko.PKey) -> str:
@@ -163,7 +171,12 @@ class SSHHost(Host):
         except socket.gaierror as exc:
             client.close()
             raise HostError(f"cannot resolve SSH host {endpoint.hostname!r}: {exc}. Check ssh.hostname.") from None
-        except (OSError, paramiko.SSHException, EOFError) as exc:
+        except (paramiko.SSHException, EOFError, ConnectionResetError) as exc:
+            # The TCP connection opened, the handshake did not end: a busy sshd (MaxStartups drops connections
+            # beyond its limit) or a loaded machine. Worth another try (_connect).
+            client.close()
+            raise _HandshakeFailed(f"cannot connect to SSH server {where}: {type(exc).__name__}: {exc}") from None
+        except OSError as exc:
             client.close()
             raise HostError(f"cannot connect to SSH server {where}: {type(exc).__name__}: {exc}") from None
         transport = client.get_transport()
@@ -172,6 +185,20 @@ class SSHHost(Host):
         return client
 
     def _connect(self) -> paramiko.Transport:
+        """Connect (through the jump host, if any). A handshake that fails after the TCP connection opened is
+        tried again, HANDSHAKE_TRIES times in all, a second and then two apart: never a refused key, a changed
+        host key, a name that does not resolve or a host that does not answer (each says so at once)."""
+        for attempt in range(1, HANDSHAKE_TRIES + 1):
+            try:
+                return self._connect_once()
+            except _HandshakeFailed as exc:
+                if attempt == HANDSHAKE_TRIES:
+                    raise HostError(f"{exc} (tried {HANDSHAKE_TRIES} times)") from None
+                self.logger.warning("%s; trying again in %d s", exc, attempt)
+                time.sleep(attempt)
+        raise AssertionError("unreachable")
+
+    def _connect_once(self) -> paramiko.Transport:
         self._drop()
         sock = None
         if self.jump is not None:

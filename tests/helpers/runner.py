@@ -39,7 +39,10 @@ def serving(module: str, flow_attr: str, deployment: str,
         log.close()
 
 
-async def wait_for_deployment(name: str, timeout: float = 60) -> None:
+async def wait_for_deployment(name: str, timeout: float = 180) -> None:
+    """Until the runner process has registered its deployment. Its start (Python, Prefect and the flow's module
+    imported, then the deployment sent) took over 60 s once on the loaded suite, its log still empty: the wait
+    allows three times that (it ends as soon as the deployment is there)."""
     deadline = time.monotonic() + timeout
     async with get_client() as client:
         while time.monotonic() < deadline:

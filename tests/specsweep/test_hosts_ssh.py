@@ -281,3 +281,69 @@ def test_a_key_with_a_passphrase_reaches_the_tunnel_through_its_own_agent(tmp_pa
             server.shutdown()
             sshd.stop()
     assert agent.poll() is not None and not tunnel._dir.exists()
+
+
+#: In front of a real sshd: the first DROP connections are closed as soon as they open (as an sshd past its
+#: MaxStartups drops new ones), the rest are carried through to it. Prints its port, then serves.
+DROPPING_FRONT = """
+import socket, sys, threading
+target, drop = (sys.argv[1], int(sys.argv[2])), int(sys.argv[3])
+listener = socket.create_server(("127.0.0.1", 0))
+print(listener.getsockname()[1], flush=True)
+def pipe(a, b):
+    try:
+        while data := a.recv(65536):
+            b.sendall(data)
+    except OSError:
+        pass
+    for s in (a, b):
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+seen = 0
+while True:
+    conn, _ = listener.accept()
+    seen += 1
+    print("connection", seen, flush=True)
+    if seen <= drop:
+        conn.close()
+        continue
+    up = socket.create_connection(target)
+    threading.Thread(target=pipe, args=(conn, up), daemon=True).start()
+    threading.Thread(target=pipe, args=(up, conn), daemon=True).start()
+"""
+
+
+@pytest.mark.parametrize(("dropped", "connects"), [(2, True), (3, False)])
+def test_a_handshake_the_server_drops_is_tried_again(sshd: SSHServer, ssh_keys: tuple[Path, str], tmp_path: Path,
+                                                     caplog: pytest.LogCaptureFixture, dropped: int,
+                                                     connects: bool) -> None:
+    """A connection dropped before the SSH banner (a busy sshd, a loaded machine) is tried again, three tries in
+    all; a third drop is said with the server's address and the number of tries."""
+    from specsweep.hosts.ssh import HANDSHAKE_TRIES
+
+    front = subprocess.Popen([sys.executable, "-c", DROPPING_FRONT, sshd.address, str(sshd.port), str(dropped)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert front.stdout is not None
+        port = int(front.stdout.readline())
+        known = tmp_path / "known_hosts"
+        known.write_text(sshd.known_hosts_line().replace(f"]:{sshd.port} ", f"]:{port} ", 1) + "\n")
+        ep = SSHEndpoint(hostname="127.0.0.1", port=port, user=sshd.user, key_path=ssh_keys[0], known_hosts=known,
+                         use_agent=False, connect_timeout_s=5)
+        caplog.set_level(logging.WARNING)
+        t0 = time.monotonic()
+        if connects:
+            with SSHHost(ep) as host:
+                assert host.run(["echo", "through"]).stdout == "through\n"
+        else:
+            with pytest.raises(HostError, match=rf"cannot connect to SSH server .*:{port}: .*\(tried {HANDSHAKE_TRIES} times\)"):
+                SSHHost(ep).run(["true"])
+        took = time.monotonic() - t0
+    finally:
+        front.kill()
+    out = front.communicate()[0]
+    assert out.count("connection") == (dropped + 1 if connects else HANDSHAKE_TRIES)
+    assert len([r for r in caplog.records if "trying again in" in r.getMessage()]) == min(dropped, HANDSHAKE_TRIES - 1)
+    assert took < 3 + 20  # the pauses (1 s, then 2 s); each drop is seen at once
