@@ -164,6 +164,9 @@ class SSHHost(Host):
             ) from None
         except paramiko.AuthenticationException as exc:
             client.close()
+            if "Authentication timeout" in str(exc):  # the server never answered the login: a stall, not a refusal
+                raise _HandshakeFailed(f"cannot log in to SSH server {where}: no answer to the login in "
+                                       f"{endpoint.connect_timeout_s:g} s") from None
             raise HostError(
                 f"SSH authentication failed for {where}: {exc}. Check the user name and the key "
                 "(key_path, private_key or the agent)."
@@ -171,10 +174,16 @@ class SSHHost(Host):
         except socket.gaierror as exc:
             client.close()
             raise HostError(f"cannot resolve SSH host {endpoint.hostname!r}: {exc}. Check ssh.hostname.") from None
+        except paramiko.IncompatiblePeer as exc:  # no key exchange or cipher in common: trying again cannot help
+            client.close()
+            raise HostError(f"cannot connect to SSH server {where}: {type(exc).__name__}: {exc}") from None
         except (paramiko.SSHException, EOFError, ConnectionResetError) as exc:
+            client.close()
+            if "No authentication methods available" in str(exc):
+                raise HostError(f"SSH login to {where} has no key to offer: give ssh.key_path or ssh.private_key, "
+                                "or load the key into the agent") from None
             # The TCP connection opened, the handshake did not end: a busy sshd (MaxStartups drops connections
             # beyond its limit) or a loaded machine. Worth another try (_connect).
-            client.close()
             raise _HandshakeFailed(f"cannot connect to SSH server {where}: {type(exc).__name__}: {exc}") from None
         except OSError as exc:
             client.close()
@@ -185,14 +194,16 @@ class SSHHost(Host):
         return client
 
     def _connect(self) -> paramiko.Transport:
-        """Connect (through the jump host, if any). A handshake that fails after the TCP connection opened is
-        tried again, HANDSHAKE_TRIES times in all, a second and then two apart: never a refused key, a changed
-        host key, a name that does not resolve or a host that does not answer (each says so at once)."""
+        """Connect (through the jump host, if any). A handshake that fails after the TCP connection opened (dropped,
+        no banner, a login left unanswered) is tried again, HANDSHAKE_TRIES times in all, a second and then two
+        apart: never a refused key, a changed host key, no algorithm in common, a name that does not resolve or a
+        host that does not answer (each says so at once). The connection's lock is held meanwhile."""
         for attempt in range(1, HANDSHAKE_TRIES + 1):
             try:
                 return self._connect_once()
             except _HandshakeFailed as exc:
                 if attempt == HANDSHAKE_TRIES:
+                    self._drop()  # the jump host's connection too
                     raise HostError(f"{exc} (tried {HANDSHAKE_TRIES} times)") from None
                 self.logger.warning("%s; trying again in %d s", exc, attempt)
                 time.sleep(attempt)

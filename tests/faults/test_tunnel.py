@@ -24,6 +24,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.deployments import run_deployment
 
+import flows.cli  # noqa: F401  # imported before any refusal is timed (invoke)
 from flows.benchmark_config import benchmark_config
 from flows.compare_speculation import compare_speculation
 from specsweep.analysis.decision import DecisionConfig
@@ -170,11 +171,12 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
                           cwd=REPO)
 
 
-#: A refusal the SSH side answers is said within this, in the test's own process (the command's import, several
-#: seconds on the loaded suite, is not what is protected): what it guards against is a wait for a server that is
-#: not there (the bench's 300 s request timeout) or a start of ssh waited out (11 s each here) and tried again.
-#: The loaded suite heard ssh's answers within 10 s, the command's import included.
-SAID_WITHIN_S = 30.0
+#: A refusal the SSH side answers is said within this, timed in the test's own process with the command already
+#: imported (its import took several seconds of the loaded suite, and is not what is protected). Below one start
+#: of ssh waited out with the default connect timeout (2 x 10 s + 5 s); that a start was not waited out at all is
+#: what the messages show (ssh's or the server's own words, not "did not come up in time"). The loaded suite heard
+#: these answers within 10 s, the command's import included.
+SAID_WITHIN_S = 20.0
 
 
 def test_forwarding_refused_is_said_within_seconds(tmp_path: Path, ssh_keys: tuple[Path, str]) -> None:

@@ -47,7 +47,7 @@ async def test_compare_speculation_end_to_end(tmp_path: Path) -> None:
     assert comp.setting is not None and comp.setting.engine == "sglang"  # SGLang's own form of the answer
     # The engine's switch sits just above the largest batch it ran at the last level where it pays (C=1).
     assert comp.setting.content == {"1": {"candidate_steps": [3]}, "2": {"candidate_steps": [0]}}
-    assert all(lv.ratio_low is not None and lv.blocks[0] >= 3 for lv in comp.levels)  # blocks give an interval
+    assert all(lv.ratio_low is not None and tuple(lv.blocks) == (4, 4) for lv in comp.levels)  # the budget's four
     assert pids_with_marker(port) == []
 
     store = ResultsStore(results)
