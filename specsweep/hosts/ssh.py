@@ -174,7 +174,7 @@ class SSHHost(Host):
         except socket.gaierror as exc:
             client.close()
             raise HostError(f"cannot resolve SSH host {endpoint.hostname!r}: {exc}. Check ssh.hostname.") from None
-        except paramiko.IncompatiblePeer as exc:  # no key exchange or cipher in common: trying again cannot help
+        except paramiko.ssh_exception.IncompatiblePeer as exc:  # no key exchange or cipher in common: trying again cannot help
             client.close()
             raise HostError(f"cannot connect to SSH server {where}: {type(exc).__name__}: {exc}") from None
         except (paramiko.SSHException, EOFError, ConnectionResetError) as exc:
