@@ -123,9 +123,10 @@ async def test_flow_process_killed_outright_the_crash_hook_kills_the_server(tmp_
         crashed = await wait_for_state(run.id, {"Crashed", "Failed", "Cancelled"}, timeout=90)
         assert crashed.state.name == "Crashed", crashed.state
         await until_gone(port)
+        # The hook ran in the runner process, and said what it killed in the flow run's own log (the UI's): read
+        # while the runner still runs (it sends its logs in batches; one stopped right after may not send the last).
+        messages = await flow_logs(run.id, until="(Crashed): killed 1 process(es)")
     assert pids_with_marker(port) == []
-    # The hook ran in the runner process, and said what it killed in the flow run's own log (the UI's).
-    messages = await flow_logs(run.id, until="(Crashed): killed 1 process(es)")
     assert any("(Crashed): killed 1 process(es)" in m for m in messages), messages[-5:]
     await assert_host_given_back()
 

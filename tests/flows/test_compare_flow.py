@@ -172,7 +172,8 @@ async def test_alternate_design_takes_blocks_in_turn(alternate_by: str, tmp_path
                                     sweep=SweepConfig(concurrency=[1, 16], num_requests=12, warmup_requests=1),
                                     # A start's warm-up, at most 4 requests: with restarts, one per block.
                                     stages=LifecycleOptions(warm_up_requests=4)),
-        decision=DecisionConfig(design="alternate", alternate_by=alternate_by, min_blocks=3, max_requests_per_level=48),
+        # Four rounds at least (three left x0.56 at 16 at [0.31, 1.02] once on the loaded suite), six at most.
+        decision=DecisionConfig(design="alternate", alternate_by=alternate_by, max_requests_per_level=72),
     )
     comp = (await state.result()).comparison
     assert comp.design == f"alternate-{alternate_by}" and all(lv.paired for lv in comp.levels)
@@ -183,7 +184,7 @@ async def test_alternate_design_takes_blocks_in_turn(alternate_by: str, tmp_path
     for index in (0, 1):
         order = list(levels[levels["level_index"] == index]["config_name"])
         abba = ["sglang-baseline", "sglang-eagle3", "sglang-eagle3", "sglang-baseline"] * 4
-        assert order == abba[:len(order)] and len(order) >= 6, order
+        assert order == abba[:len(order)] and len(order) >= 8, order
     runs = store.runs().set_index("config_name")
     logs = "\n".join(await flow_logs(state.state_details.flow_run_id))
     started = logs.count("server sglang-eagle3 started: pid")
