@@ -43,7 +43,10 @@ def nvidia_smi_on_path(tmp_path: Path) -> str:
     return f"{bin_dir}:{os.environ['PATH']}"
 
 
-async def until_written(folder: Path, pattern: str, timeout: float = 180) -> None:
+async def until_written(folder: Path, pattern: str, timeout: float = 360) -> None:
+    """Until a file matching ``pattern`` is written. The first setting's first level comes after the flow run's
+    process started, the baseline's server started and its three levels were measured: over 180 s once on the
+    loaded suite. The wait allows twice that (it ends as soon as the file is there)."""
     deadline = time.monotonic() + timeout
     while not list(folder.glob(pattern)):
         assert time.monotonic() < deadline, f"nothing matching {pattern} under {folder}"
