@@ -84,15 +84,16 @@ async def test_a_block_the_engine_stalls_is_set_aside_kept_and_measured_again(tm
     assert len(aside) == sum(lv.set_aside) and len(levels) == sum(lv.blocks) + sum(lv.set_aside)  # nothing lost
     # The stalled block is seen as the stall, or, where the loaded machine's client lagged as long in the same block
     # (the lag then explains the gap), by its round's ratio (x0.1 against about x1.7).
-    reasons = list(aside[aside["config_name"] == "sglang-eagle3"]["disturbed"])
+    spec_aside = aside[aside["config_name"] == "sglang-eagle3"]
     stall = ("no token arrived for ", "the ratio of its round")  # the gap: the 1.5 s stall and whatever lag joined it
-    assert any(r.startswith(stall) for r in reasons), reasons
-    # Its round's baseline block goes with it: marked as measured beside the stall, or, where the round's ratio set
-    # it aside, with that same reason. (Another baseline block may be set aside for its own reason: the loaded
-    # machine's client lagged in one, once.)
-    partners = list(aside[aside["config_name"] != "sglang-eagle3"]["disturbed"])
-    assert any(r == "measured in turn with a block that was set aside" or r.startswith("the ratio of its round")
-               for r in partners), partners
+    stalled = spec_aside[spec_aside["disturbed"].str.startswith(stall)]
+    assert len(stalled), list(spec_aside["disturbed"])
+    # Its round's baseline block goes with it: marked as measured beside the stall, set aside by the round's ratio,
+    # or (the loaded machine's client lagged in it, once) for its own reason. Other rounds' blocks may be set aside
+    # for their own reasons too.
+    base_aside = aside[aside["config_name"] != "sglang-eagle3"]
+    assert set(stalled["repeat"]) <= set(base_aside["repeat"]), list(aside[["config_name", "repeat", "disturbed"]]
+                                                                     .itertuples(index=False))
     assert any("Blocks set aside as disturbed" in n for n in comp.notes)
     logs = "\n".join(await flow_logs(state.state_details.flow_run_id))
     assert re.search(r"sglang-eagle3 C=1 #\d+: set aside, measured again \((no token arrived for \d|the ratio of "
