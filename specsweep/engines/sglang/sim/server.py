@@ -750,12 +750,6 @@ def main(argv: list[str] | None = None) -> None:
     except ImportError:
         pass
     asyncio.run(serve(args, ignored))
-    # Stopped: exit now. The interpreter's own teardown of the model's tables took 1.6 s here when idle and over
-    # 10 s on a loaded machine, a stop that a server's supervisor would take for a hang.
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 if __name__ == "__main__":
