@@ -6,7 +6,11 @@ Both configurations are sent the very same prompts at each level and block (``pr
 - the ratio of each request's own speed (output tokens over its end-to-end time) between the speculative
   configuration and the baseline, paired by prompt, with its interval and the comparison's verdict rule
   (``stats.verdict``: faster, slower, equivalent, no gain, undetermined). At a fixed concurrency a level's
-  throughput is the concurrency times this speed, so the mix's ratio and the categories' agree;
+  throughput is the concurrency times this speed, so the mix's ratio and the categories' agree. The
+  interval is taken over the level's rounds (a block of each configuration, back to back), not over the
+  requests: requests in flight together share the machine's state, and a shift of it moves them all
+  alike, so treating each pair as independent would make the interval several times too narrow (at 8
+  streams here, [0.96, 1.02] from 96 pairs where the 4 rounds give [0.90, 1.09]);
 - the speculative configuration's acceptance: output tokens per verify step (where its answers say).
 Per level, at temperature 0, the share of prompts whose two outputs are the same (by digest): speculative
 decoding verifies every token against the target, so greedy outputs should match up to numerical noise
@@ -31,7 +35,7 @@ COLUMNS = ("mode", "level_value", "repeat", "warmup", "prompt_index", "category"
            "error_type", "spec_verify_ct", "spec_draft_tokens", "spec_accepted_tokens", "output_digest", "finish_reason")
 #: Below this share of prompts with the same greedy output, the speculative server is flagged.
 LOSSLESS_MIN_SHARE = 0.8
-#: A category needs this many prompt pairs at a level for a verdict there.
+#: A category needs this many prompt pairs at a level for a verdict there (and two rounds for an interval).
 MIN_PAIRS = 4
 MIX = "(mix as sent)"
 
@@ -40,7 +44,10 @@ class CategoryLevel(BaseModel):
     category: str
     concurrency: int
     pairs: int = Field(description="Prompts measured by both configurations at this level.")
-    ratio: float = Field(description="Speculative / baseline per-request speed (geometric mean over the pairs).")
+    rounds: int = Field(0, description="Rounds (blocks of both configurations) these pairs came from: the interval's "
+                        "units.")
+    ratio: float = Field(description="Speculative / baseline per-request speed (geometric mean over the rounds of "
+                         "each round's geometric mean over its pairs).")
     ratio_low: float | None = None
     ratio_high: float | None = None
     verdict: Verdict
@@ -112,13 +119,23 @@ def _quantile(xs: Sequence[float], q: float) -> float:
     return s[lo] + (s[min(lo + 1, len(s) - 1)] - s[lo]) * (pos - lo)
 
 
+def _by_round(pairs: Sequence[tuple[int, float, float]]) -> list[tuple[float, float]]:
+    """Each round's geometric mean speed of the baseline and of the speculative configuration over its pairs: one
+    paired value per round, the unit that is independent of the others."""
+    logs: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for rnd, b, s in pairs:
+        logs[rnd].append((math.log(b), math.log(s)))
+    return [(math.exp(sum(b for b, _ in v) / len(v)), math.exp(sum(s for _, s in v) / len(v)))
+            for _, v in sorted(logs.items())]
+
+
 def traffic_view(base_frame: Iterable[Mapping[str, Any]], spec_frame: Iterable[Mapping[str, Any]],
                  base_rows: Sequence[LevelRow], spec_rows: Sequence[LevelRow], *, margin: float,
                  names: tuple[str, str] = ("baseline", "speculative")) -> TrafficView:
     counted = _counted(base_rows) & _counted(spec_rows)
     base, spec = _measured(base_frame, counted), _measured(spec_frame, counted)
     view = TrafficView(source=next((r.prompt_source for r in spec_rows if r.prompt_source), None))
-    pairs: dict[tuple[str, int], list[tuple[float, float]]] = defaultdict(list)
+    pairs: dict[tuple[str, int], list[tuple[int, float, float]]] = defaultdict(list)  # (round, base, spec)
     steps: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
     drafts: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)  # (accepted, drafted)
     same: dict[int, list[bool]] = defaultdict(list)
@@ -129,7 +146,7 @@ def traffic_view(base_frame: Iterable[Mapping[str, Any]], spec_frame: Iterable[M
             continue
         c = key[0]
         for category in (s.get("category") or "(none)", MIX):
-            pairs[(category, c)].append((_speed(b), _speed(s)))
+            pairs[(category, c)].append((key[1], _speed(b), _speed(s)))
             if s.get("spec_verify_ct"):
                 steps[(category, c)].append((int(s["output_tokens"]), int(s["spec_verify_ct"])))
             if s.get("spec_draft_tokens"):
@@ -137,10 +154,12 @@ def traffic_view(base_frame: Iterable[Mapping[str, Any]], spec_frame: Iterable[M
         if greedy and b.get("output_digest") and s.get("output_digest"):
             same[c].append(b["output_digest"] == s["output_digest"])
     for (category, c), got in sorted(pairs.items()):
-        interval = ratio_interval([x for x, _ in got], [y for _, y in got], paired=True) if got else None
+        rounds = _by_round(got)
+        interval = ratio_interval([b for b, _ in rounds], [s for _, s in rounds], paired=True) if rounds else None
         accepted, drafted = steps.get((category, c)), drafts.get((category, c))
         view.levels.append(CategoryLevel(
-            category=category, concurrency=c, pairs=len(got), ratio=interval.ratio if interval else float("nan"),
+            category=category, concurrency=c, pairs=len(got), rounds=len(rounds),
+            ratio=interval.ratio if interval else float("nan"),
             ratio_low=interval.low if interval else None, ratio_high=interval.high if interval else None,
             verdict=verdict(interval, margin) if interval and len(got) >= MIN_PAIRS else "undetermined",
             accept_length=sum(t for t, _ in accepted) / sum(v for _, v in accepted) if accepted else None,
@@ -149,7 +168,7 @@ def traffic_view(base_frame: Iterable[Mapping[str, Any]], spec_frame: Iterable[M
     for lv in view.levels:
         got = pairs[(lv.category, lv.concurrency)]
         if got:  # a level's throughput, as the concurrency times the geometric mean of its requests' speeds
-            b_rate, s_rate = (lv.concurrency * math.exp(sum(math.log(p[i]) for p in got) / len(got)) for i in (0, 1))
+            b_rate, s_rate = (lv.concurrency * math.exp(sum(math.log(p[i]) for p in got) / len(got)) for i in (1, 2))
             by_category[lv.category].append(LevelVerdict(concurrency=lv.concurrency, verdict=lv.verdict,
                                                           ratio=lv.ratio, baseline_tokens_per_s=b_rate,
                                                           speculative_tokens_per_s=s_rate))

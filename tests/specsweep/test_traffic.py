@@ -17,17 +17,26 @@ def level(c: int, repeat: int = 0, **fields: Any) -> LevelRow:
                                     "temperature": 0.0, **fields})
 
 
+ROUNDS = 4
+
+
+def rows(*, rounds: int = ROUNDS, **fields: Any) -> list[LevelRow]:
+    return [level(c, r, **fields) for c in (1, 8) for r in range(rounds)]
+
+
 def requests(speed: dict[tuple[str, int], float], *, seed: int, digest: str = "same", steps: float | None = None,
-             n: int = 12) -> list[dict[str, Any]]:
-    """``n`` prompts per category at C=1 and C=8 (block 0), each request's speed its category's at that level,
-    with a little noise."""
+             n: int = 12, rounds: int = ROUNDS, shift: tuple[float, ...] = ()) -> list[dict[str, Any]]:
+    """``n`` prompts per category at C=1 and C=8, spread over ``rounds`` blocks, each request's speed its
+    category's at that level with a little noise (and ``shift[r]`` times that in round r: the machine)."""
     rng = random.Random(seed)
     out = []
     for c in (1, 8):
         for i, cat in enumerate(sorted({k[0] for k in speed}) * n):
             tokens = 100 + (i * 7) % 50
-            rate = speed[(cat, c)] * rng.uniform(0.97, 1.03)
-            out.append({"mode": "concurrency", "level_value": float(c), "repeat": 0, "warmup": False, "prompt_index": i,
+            rnd = i % rounds
+            rate = speed[(cat, c)] * rng.uniform(0.97, 1.03) * (shift[rnd] if shift else 1.0)
+            out.append({"mode": "concurrency", "level_value": float(c), "repeat": rnd, "warmup": False,
+                        "prompt_index": i,
                         "category": cat, "output_tokens": tokens, "e2e_ms": tokens / rate * 1000, "error_type": None,
                         "spec_verify_ct": round(tokens / steps) if steps else None,
                         "output_digest": f"{digest}-{c}-{i}", "finish_reason": "stop"})
@@ -38,8 +47,7 @@ def test_categories_get_their_own_answer_and_the_mix_its_own() -> None:
     # Coding pays at both loads; writing pays at one stream and loses at eight.
     base = {("coding", 1): 50.0, ("coding", 8): 30.0, ("writing", 1): 50.0, ("writing", 8): 30.0}
     spec = {("coding", 1): 80.0, ("coding", 8): 36.0, ("writing", 1): 60.0, ("writing", 8): 21.0}
-    rows = [level(1), level(8)]
-    view = traffic_view(requests(base, seed=1), requests(spec, seed=2, steps=2.5), rows, rows, margin=0.03)
+    view = traffic_view(requests(base, seed=1), requests(spec, seed=2, steps=2.5), rows(), rows(), margin=0.03)
     cells = {(lv.category, lv.concurrency): lv for lv in view.levels}
     assert cells[("coding", 1)].verdict == "faster" and cells[("coding", 8)].verdict == "faster"
     assert cells[("writing", 1)].verdict == "faster" and cells[("writing", 8)].verdict == "slower"
@@ -63,8 +71,7 @@ def test_an_engine_that_counts_drafted_and_accepted_tokens_per_request_gets_its_
     for r in spec:
         r["spec_draft_tokens"] = 40
         r["spec_accepted_tokens"] = 36 if r["category"] == "coding" else 24
-    rows = [level(1), level(8)]
-    view = traffic_view(requests(speed, seed=1), spec, rows, rows, margin=0.03)
+    view = traffic_view(requests(speed, seed=1), spec, rows(), rows(), margin=0.03)
     cells = {(lv.category, lv.concurrency): lv for lv in view.levels}
     assert cells[("coding", 8)].acceptance_rate == 0.9 and cells[("writing", 1)].acceptance_rate == 0.6
     assert cells[(MIX, 1)].acceptance_rate == 0.75 and cells[("coding", 1)].accept_length is None
@@ -73,22 +80,39 @@ def test_an_engine_that_counts_drafted_and_accepted_tokens_per_request_gets_its_
 
 def test_a_speculative_server_that_changes_greedy_outputs_is_flagged() -> None:
     speed = {("coding", 1): 50.0, ("coding", 8): 30.0}
-    rows = [level(1), level(8)]
     spec = requests(speed, seed=2)
     for rec in spec[::2]:  # half the outputs differ
         rec["output_digest"] = "other"
-    view = traffic_view(requests(speed, seed=1), spec, rows, rows, margin=0.03)
+    view = traffic_view(requests(speed, seed=1), spec, rows(), rows(), margin=0.03)
     assert all(lv.share == 0.5 < LOSSLESS_MIN_SHARE for lv in view.lossless)
     assert any("Not like for like" in n and "6 of 12 prompts at C=1" in n for n in view.notes)
     # At a temperature above 0 outputs are samples: nothing to compare.
-    warm = [level(1, temperature=0.7), level(8, temperature=0.7)]
+    warm = rows(temperature=0.7)
     assert traffic_view(requests(speed, seed=1), spec, warm, warm, margin=0.03).lossless == []
+
+
+def test_a_shift_of_the_machine_in_a_round_is_one_unit_of_noise_not_one_per_request() -> None:
+    # The two configurations are alike, but the machine moved each round's requests together (x1.10, x0.92, ...).
+    # Counted per request, 48 pairs would look like a decided "equivalent" ([0.98, 1.02]); 4 rounds cannot rule
+    # out a gain.
+    speed = {("coding", 1): 50.0, ("coding", 8): 30.0, ("writing", 1): 50.0, ("writing", 8): 30.0}
+    shift = (1.07, 0.94, 1.05, 0.95)
+    view = traffic_view(requests(speed, seed=1, n=24), requests(speed, seed=2, n=24, shift=shift), rows(), rows(),
+                        margin=0.03)
+    mix = next(lv for lv in view.levels if lv.category == MIX and lv.concurrency == 8)
+    assert mix.pairs == 48 and mix.rounds == ROUNDS
+    assert mix.verdict == "undetermined" and mix.ratio_high is not None and mix.ratio_high > 1.03
+    # One round alone gives no interval and no verdict, however many pairs it holds.
+    one = traffic_view(requests(speed, seed=1, rounds=1), requests(speed, seed=2, rounds=1), rows(rounds=1),
+                       rows(rounds=1), margin=0.03)
+    assert all(lv.verdict == "undetermined" and lv.ratio_low is None for lv in one.levels)
 
 
 def test_only_prompts_both_configurations_measured_in_counted_blocks_pair_up() -> None:
     speed = {("coding", 1): 50.0, ("coding", 8): 30.0}
-    base_rows = [level(1), level(8, disturbed="no token arrived for 2.00 s")]
-    spec_rows = [level(1), level(8)]
+    base_rows = [level(c, r, disturbed="no token arrived for 2.00 s" if c == 8 else None)
+                 for c in (1, 8) for r in range(ROUNDS)]
+    spec_rows = rows()
     base, spec = requests(speed, seed=1), requests(speed, seed=2)
     spec[0]["error_type"] = "Timeout"
     view = traffic_view(base, spec, base_rows, spec_rows, margin=0.03)
@@ -98,6 +122,6 @@ def test_only_prompts_both_configurations_measured_in_counted_blocks_pair_up() -
 
 def test_synthetic_text_is_said_not_to_represent_real_traffic() -> None:
     speed = {("(none)", 1): 50.0, ("(none)", 8): 30.0}
-    rows = [level(1, prompt_source="synthetic", ignore_eos=True), level(8, prompt_source="synthetic", ignore_eos=True)]
-    view = traffic_view(requests(speed, seed=1), requests(speed, seed=2), rows, rows, margin=0.03)
+    synthetic = rows(prompt_source="synthetic", ignore_eos=True)
+    view = traffic_view(requests(speed, seed=1), requests(speed, seed=2), synthetic, synthetic, margin=0.03)
     assert any(n.startswith("Measured on synthetic text") for n in view.notes)
