@@ -131,7 +131,10 @@ def _by_round(pairs: Sequence[tuple[int, float, float]]) -> list[tuple[float, fl
 
 def traffic_view(base_frame: Iterable[Mapping[str, Any]], spec_frame: Iterable[Mapping[str, Any]],
                  base_rows: Sequence[LevelRow], spec_rows: Sequence[LevelRow], *, margin: float,
-                 names: tuple[str, str] = ("baseline", "speculative")) -> TrafficView:
+                 names: tuple[str, str] = ("baseline", "speculative"),
+                 batch: Mapping[int, tuple[float | None, float | None]] | None = None) -> TrafficView:
+    """``batch``: per concurrency, the running batch the speculative engine reported there (mean, max), which
+    every category's answer states its engine setting in, as the level's own answer does."""
     counted = _counted(base_rows) & _counted(spec_rows)
     base, spec = _measured(base_frame, counted), _measured(spec_frame, counted)
     view = TrafficView(source=next((r.prompt_source for r in spec_rows if r.prompt_source), None))
@@ -169,9 +172,11 @@ def traffic_view(base_frame: Iterable[Mapping[str, Any]], spec_frame: Iterable[M
         got = pairs[(lv.category, lv.concurrency)]
         if got:  # a level's throughput, as the concurrency times the geometric mean of its requests' speeds
             b_rate, s_rate = (lv.concurrency * math.exp(sum(math.log(p[i]) for p in got) / len(got)) for i in (1, 2))
+            mean, most = (batch or {}).get(lv.concurrency, (None, None))
             by_category[lv.category].append(LevelVerdict(concurrency=lv.concurrency, verdict=lv.verdict,
                                                           ratio=lv.ratio, baseline_tokens_per_s=b_rate,
-                                                          speculative_tokens_per_s=s_rate))
+                                                          speculative_tokens_per_s=s_rate, batch_mean=mean,
+                                                          batch_max=most))
     view.recommendations = {cat: recommend(levels, margin) for cat, levels in by_category.items()}
     for name, frame in zip(names, (base, spec), strict=True):
         by_c: dict[int, list[Mapping[str, Any]]] = defaultdict(list)

@@ -64,6 +64,20 @@ def test_categories_get_their_own_answer_and_the_mix_its_own() -> None:
     assert all(o.stop_share == 1.0 and 100 <= o.p10 <= o.p50 <= o.p90 < 150 for o in view.lengths)
 
 
+def test_each_category_states_its_switch_in_the_running_batch_the_level_measured() -> None:
+    speed = {("writing", 1): 50.0, ("writing", 8): 30.0}
+    spec = {("writing", 1): 60.0, ("writing", 8): 21.0}
+    view = traffic_view(requests(speed, seed=1), requests(spec, seed=2), rows(), rows(), margin=0.03,
+                        batch={1: (1.0, 1.0), 8: (6.2, 7.0)})
+    rec = view.recommendations["writing"]
+    assert rec.speculation_off_from == 8 and rec.batch_measured and rec.off_from_batch == 2
+    assert "was not measured" not in rec.reason and "ran batches of up to 1 at 1" in rec.reason
+    # Without the gauge, the category's answer says that the batch is taken as the concurrency.
+    blind = traffic_view(requests(speed, seed=1), requests(spec, seed=2), rows(), rows(), margin=0.03)
+    assert not blind.recommendations["writing"].batch_measured
+    assert "running batch was not measured" in blind.recommendations["writing"].reason
+
+
 def test_an_engine_that_counts_drafted_and_accepted_tokens_per_request_gets_its_acceptance_per_category() -> None:
     # llama.cpp's answer says per request how many tokens it drafted and how many the target accepted.
     speed = {("coding", 1): 50.0, ("coding", 8): 30.0, ("writing", 1): 50.0, ("writing", 8): 30.0}
