@@ -177,11 +177,18 @@ async def start_server(host: Host, profile: ServerProfile, request: RequestOptio
     await _forget(record)
 
 
+#: The record of a start that is gone is bookkeeping: at most this long for it, so that a Prefect API that went
+#: down (a temporary server stopped by the same Ctrl-C) does not hold up the kill of the run's other server (the
+#: client's retries took 65 s here).
+FORGET_TIMEOUT_S = 5.0
+
+
 async def _forget(record: StartRecord) -> None:
     try:
-        await forget_start(record.flow_run, record.token)
+        await asyncio.wait_for(forget_start(record.flow_run, record.token), FORGET_TIMEOUT_S)
     except Exception as exc:  # noqa: BLE001 - bookkeeping: the hooks then find nothing of it running
-        run_logger().warning("could not remove the record of start %s: %s", record.token[:8], exc)
+        run_logger().warning("could not remove the record of start %s: %s", record.token[:8],
+                             exc if str(exc) else f"no answer within {FORGET_TIMEOUT_S:g} s")
 
 
 async def _final_kill(host: Host, profile: ServerProfile, stages: LifecycleOptions, handle: ServerHandle | None,
