@@ -70,7 +70,10 @@ async def test_sglang_grid_on_the_simulator_retried_like_the_ui_then_its_file_tr
         "grid": {"num_steps": [1, 3]},
         "benchmark": {"sweep": {"concurrency": [1, 4, 16], "num_requests": 16, "warmup_requests": 2},
                       "workload": {"input_len": 16, "output_len": 64}, "results": str(results)},
-        "decision": {"max_requests_per_level": 96},
+        # steps1 at 4 is x1.16 on this profile: decided within 96 requests alone, but once on the loaded suite it was
+        # still undetermined after 96 (the grid is sequential: drift between settings is not paired away). A level
+        # stops as soon as it is decided, so the larger budget costs time only when the machine is noisy.
+        "decision": {"max_requests_per_level": 192},
     }
     with serving("flows.tune_speculation", "tune_speculation", "tune-test", env={"PATH": nvidia_smi_on_path(tmp_path)}):
         await wait_for_deployment("tune-speculation/tune-test")
