@@ -12,9 +12,10 @@ import asyncio
 import json
 import os
 import time
+from collections.abc import Coroutine
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Annotated, Any, Optional  # noqa: UP035 - typer reads Optional
+from typing import Annotated, Any, Optional, TypeVar  # noqa: UP035 - typer reads Optional
 
 import typer
 from pydantic import ValidationError
@@ -56,6 +57,7 @@ from specsweep.reports.tables import print_comparison, print_tuning
 from specsweep.results import comparison_folder, tuning_folder
 
 _SWEEP, _WORKLOAD = LOCAL_BENCHMARK.sweep, LOCAL_BENCHMARK.workload
+T = TypeVar("T")
 
 
 def _benchmark(levels: str, num_prompts: int, output_len: int, results: str, dataset: str = "synthetic",
@@ -72,6 +74,16 @@ def _benchmark(levels: str, num_prompts: int, output_len: int, results: str, dat
                                            "num_requests": num_prompts}),
         "workload": workload, "request": request, "results": results,
     })
+
+
+def _run(flow_run: Coroutine[Any, Any, T]) -> T:
+    """Run a flow in this process, against Prefect's temporary server when none is configured: started first,
+    out of reach of the terminal's Ctrl-C (``flows.temporary_server``), so that a Ctrl-C tears the run down
+    through a live API."""
+    from flows.temporary_server import start_temporary_server
+
+    start_temporary_server()
+    return asyncio.run(flow_run)
 
 
 def _print_comparison(result: Any, t0: float) -> None:
@@ -121,8 +133,7 @@ def compare_local(
     try:
         decision = _decision(design, margin, max_requests_per_level, slo_ttft, slo_tpot)
         benchmark = _benchmark(levels, num_prompts, output_len, results, dataset, prompts_file, temperatures)
-        result = asyncio.run(compare_local_llamacpp(benchmark=benchmark,
-                                                    decision=decision))
+        result = _run(compare_local_llamacpp(benchmark=benchmark, decision=decision))
     except SpecsweepError as exc:
         fail(exc)
     _print_comparison(result, t0)
@@ -175,7 +186,7 @@ def compare_speculation(
                                                decision=decision)
         else:
             run = flows_.compare_vllm(vllm=chosen, host=host_config(host_file), benchmark=benchmark, decision=decision)
-        result = asyncio.run(run)
+        result = _run(run)
     except SpecsweepError as exc:
         fail(exc)
     _print_comparison(result, t0)
@@ -235,7 +246,7 @@ def tune(
         grid_profiles({engine: chosen, "grid": points})  # a bad grid is refused before any flow run
         decision = LOCAL_DECISION.model_copy(update={"design": "sequential", "margin": margin,
                                                      "max_requests_per_level": max_requests_per_level})
-        result = asyncio.run(tune_speculation(
+        result = _run(tune_speculation(
             **{engine: chosen}, grid=points, host=host_config(host_file),  # type: ignore[arg-type]
             benchmark=_benchmark(levels, num_prompts, output_len, results, dataset, prompts_file),
             decision=decision))

@@ -1,0 +1,56 @@
+"""Prefect's temporary server for the command line's flow runs, out of reach of the terminal's Ctrl-C.
+
+With no Prefect server configured, Prefect starts a temporary one as a child of the command, in the
+command's process group: a Ctrl-C at the terminal stops it together with the command. The run's
+teardown then talks to an API that is gone: its hooks cannot give the host back, and Prefect's client
+retries each call for about a minute before the run's servers are killed (measured: the first kill 67 s
+after the Ctrl-C, the command gone after about 4 minutes).
+
+Started here first, before the run, the same server runs in a process group of its own, so that only the
+command gets the Ctrl-C and tears its run down through a live API; and it ends with the command however
+the command ends (killed outright too): Linux's parent-death signal is set before the server's program
+starts. Prefect's own code then finds this server: it keeps one temporary server per process.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+from prefect.server.api.server import SubprocessASGIServer
+from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
+
+# Run by the server's process before it becomes the server: SIGTERM when the command's process ends
+# (PR_SET_PDEATHSIG, kept across exec), and no server at all if the command ended already.
+_PARENT_DEATH = ("import ctypes, os, signal, sys\n"
+                 "ctypes.CDLL(None).prctl(1, signal.SIGTERM)\n"
+                 "if os.getppid() != int(sys.argv[1]):\n"
+                 "    sys.exit(0)\n"
+                 "os.execv(sys.argv[2], sys.argv[2:])\n")
+
+
+class ShieldedServer(SubprocessASGIServer):
+    """Prefect's temporary server, started in a process group of its own and ended with its parent."""
+
+    def _run_uvicorn_command(self) -> subprocess.Popen[Any]:
+        popen = subprocess.Popen
+
+        def shielded(args: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
+            return popen([sys.executable, "-c", _PARENT_DEATH, str(os.getpid()), *args], process_group=0, **kwargs)
+
+        subprocess.Popen = shielded  # type: ignore[misc,assignment]  # for Prefect's one call, in this thread
+        try:
+            return super()._run_uvicorn_command()
+        finally:
+            subprocess.Popen = popen  # type: ignore[misc]
+
+
+def start_temporary_server() -> str | None:
+    """Start the temporary server where Prefect would start one (no server configured); its address, else None."""
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        return None
+    server = ShieldedServer()
+    server.start()
+    return server.api_url
