@@ -1,6 +1,5 @@
 """One lock per machine, however it is spelled, taken by the command line too; the hooks find their own start
-records however many variables the Prefect server holds; a hold whose holder is gone with its lease is freed,
-a live holder's never."""
+records however many variables the Prefect server holds."""
 
 from __future__ import annotations
 
@@ -9,20 +8,17 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import pytest
-from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import VariableCreate
 from prefect.concurrency.asyncio import concurrency
 from prefect.settings import PREFECT_API_URL
 
 from specsweep.hosts import HostConfig, LocalHost, SSHEndpoint, open_host
-from tasks import host
-from tasks.host import _limit, cli_lock, host_lock, lock_name
+from tasks.host import _limit, lock_name
 from tasks.started import StartRecord, record_start, recorded_starts
 from tests.conftest import pids_with_marker, toy_profile
 from tests.helpers.sshd import SSHServer
@@ -94,59 +90,3 @@ async def test_the_hooks_find_their_starts_among_any_number_of_variables() -> No
         async with get_client() as client:
             for n in [*filler, *(f"specsweep-start-{run}-{r.token}" for r in records)]:
                 await client.delete_variable_by_name(n)
-
-
-@flow(name="take-the-host")
-async def take_the_host(release: float = 0.0) -> float:
-    """Wait for this machine's lock as a benchmark run does; how long it waited."""
-    t0 = time.monotonic()
-    async with host_lock(LocalHost()):
-        waited = time.monotonic() - t0
-        await asyncio.sleep(release)
-    return waited
-
-
-async def test_a_hold_no_live_lease_accounts_for_is_freed_for_the_next_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    """What a Ctrl-C of the main job leaves: its temporary Prefect server went down with it, so the slot is still
-    counted in the database, its recorded lease is known to no server, and nothing would ever free it. The next
-    run sees that no recorded holder is alive and takes the host."""
-    monkeypatch.setattr(host, "RECLAIM_EVERY_S", 1.0)
-    name = lock_name(LocalHost().identity())
-    await _limit(name)
-    gone = f"specsweep-lease-{uuid.uuid4()}"
-    async with get_client() as client:
-        await client.increment_concurrency_slots(names=[name], slots=1, mode="concurrency")
-        await client.create_variable(VariableCreate(name=gone, value={"lease": str(uuid.uuid4()), "lock": name}))
-    waited = await asyncio.wait_for(take_the_host(), 60)  # without the check it waits forever
-    # Two looks RECLAIM_CONFIRM_S apart, then Prefect's own next try for the slot.
-    assert waited < 20, waited
-    async with get_client() as client:
-        assert await client.read_variable_by_name(gone) is None
-        assert (await client.read_global_concurrency_limit_by_name(name)).active_slots == 0
-
-
-async def test_a_live_holder_keeps_the_host_however_long_the_next_run_waits(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A run holding the host and the command line holding it: the next run waits them out, through many looks."""
-    monkeypatch.setattr(host, "RECLAIM_EVERY_S", 1.0)
-    name = lock_name(LocalHost().identity())
-    await _limit(name)
-
-    async def held() -> bool:
-        async with get_client() as client:
-            return (await client.read_global_concurrency_limit_by_name(name)).active_slots == 1
-
-    holding = asyncio.create_task(take_the_host(release=12.0))
-    while not await held():
-        await asyncio.sleep(0.1)
-    assert await take_the_host() >= 8  # about the 12 s the first run held it, less its own start
-    await holding
-
-    def command_line(seconds: float) -> None:  # `specsweep server start|kill` hold it while they work
-        with cli_lock(LocalHost(), wait_s=10):
-            time.sleep(seconds)
-
-    cli = asyncio.create_task(asyncio.to_thread(command_line, 10.0))
-    while not await held():
-        await asyncio.sleep(0.1)
-    assert await take_the_host() >= 7
-    await cli
