@@ -40,7 +40,8 @@ class ShieldedServer(SubprocessASGIServer):
         def shielded(args: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
             return popen([sys.executable, "-c", _PARENT_DEATH, str(os.getpid()), *args], process_group=0, **kwargs)
 
-        subprocess.Popen = shielded  # type: ignore[misc,assignment]  # for Prefect's one call, in this thread
+        # Process-wide for the few milliseconds of Prefect's one call, made before the run starts anything else.
+        subprocess.Popen = shielded  # type: ignore[misc,assignment]
         try:
             return super()._run_uvicorn_command()
         finally:
@@ -48,9 +49,14 @@ class ShieldedServer(SubprocessASGIServer):
 
 
 def start_temporary_server() -> str | None:
-    """Start the temporary server where Prefect would start one (no server configured); its address, else None."""
-    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+    """Start the temporary server where Prefect would start one (no server configured); its address, else None.
+    Call it from the main thread, before anything reaches Prefect's API: the parent-death signal follows the
+    thread that started the server, and Prefect's own server, once started, would be the one used. Elsewhere
+    than on Linux (no parent-death signal) Prefect starts its own, as before."""
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value() or not sys.platform.startswith("linux"):
         return None
     server = ShieldedServer()
+    if not isinstance(server, ShieldedServer):  # Prefect started its own already: that one serves
+        return server.api_url if server.running else None
     server.start()
     return server.api_url

@@ -46,6 +46,9 @@ if [ $need -eq 1 ]; then
   VIRTUAL_ENV="$PWD/.venv" UV_COMPILE_BYTECODE=1 "$UV_HOME/bin/uv" pip install -q -e "$extras"
   .venv/bin/python -c "import specsweep, prefect, xllamacpp"
   echo "$mode" > "$stamp"
+  touch .venv/.specsweep-compiled
 fi
-# The project's own modules too (an editable install is not compiled); only what changed is compiled again.
-.venv/bin/python -m compileall -q -j 0 specsweep flows tasks $([ "$mode" = test ] && echo tests) >/dev/null
+# A virtualenv installed before set-up compiled (once), and the project's own modules (an editable install is not
+# compiled; only what changed is compiled again). A file that does not compile says so when it is imported.
+[ -f .venv/.specsweep-compiled ] || { .venv/bin/python -m compileall -q -j 0 .venv/lib >/dev/null || true; touch .venv/.specsweep-compiled; }
+.venv/bin/python -m compileall -q -j 0 specsweep flows tasks $([ "$mode" = test ] && echo tests) >/dev/null || true

@@ -31,9 +31,10 @@ def requests(speed: dict[tuple[str, int], float], *, seed: int, digest: str = "s
     rng = random.Random(seed)
     out = []
     for c in (1, 8):
-        for i, cat in enumerate(sorted({k[0] for k in speed}) * n):
+        categories = sorted({k[0] for k in speed})
+        for i, cat in enumerate(categories * n):
             tokens = 100 + (i * 7) % 50
-            rnd = i % rounds
+            rnd = (i // len(categories)) % rounds  # every category in every round
             rate = speed[(cat, c)] * rng.uniform(0.97, 1.03) * (shift[rnd] if shift else 1.0)
             out.append({"mode": "concurrency", "level_value": float(c), "repeat": rnd, "warmup": False,
                         "prompt_index": i,
