@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import pids_with_marker
 from tests.helpers.sshd import free_port
 
@@ -47,6 +49,10 @@ def _until(what: str, done: object, within_s: float) -> float:
     return time.monotonic() - t0
 
 
+# Alone (phase 2): its bounds are seconds after the Ctrl-C (measured alone: servers gone in 0.4-2.5 s, the command
+# ended in 4.6-6.5 s; on the old code the command ran on for about 4 minutes). Among four tests at once it took 201 s
+# to reach its first block.
+@pytest.mark.solo
 def test_a_ctrl_c_stops_the_run_its_servers_and_its_temporary_prefect_server(tmp_path: Path) -> None:
     port = free_port(span=2)
     settings = tmp_path / "llamacpp.json"
@@ -62,7 +68,7 @@ def test_a_ctrl_c_stops_the_run_its_servers_and_its_temporary_prefect_server(tmp
              "--max-requests-per-level", "400", "--results", str(tmp_path / "results")],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        _until("the first block", lambda: "level C=1 (repeat 0)" in log.read_text(), 240)
+        _until("the first block", lambda: "level C=1 (repeat 0)" in log.read_text(), 480)
         servers = [p for p in _children(proc.pid) if "create_app" in _command_line(p)]
         assert len(servers) == 1, servers  # Prefect's temporary server, started by the command
         os.killpg(proc.pid, signal.SIGINT)
@@ -70,7 +76,7 @@ def test_a_ctrl_c_stops_the_run_its_servers_and_its_temporary_prefect_server(tmp
         # about a minute: the first server was killed 67 s later, the command ended after about 4 minutes.
         took = _until("both llama.cpp servers gone", lambda: not pids_with_marker(port) + pids_with_marker(port + 1),
                       30)
-        ended = took + _until("the command ended", lambda: proc.poll() is not None, 60)
+        ended = took + _until("the command ended", lambda: proc.poll() is not None, 120)
         _until("its temporary Prefect server ended", lambda: not _alive(servers[0]), 15)
         print(f"after the Ctrl-C: servers gone in {took:.1f} s, the command ended in {ended:.1f} s")
     finally:
