@@ -41,6 +41,12 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().split()[2] != "Z"
 
 
+def _as_a_terminal_job() -> None:
+    """The command's Ctrl-C as a terminal gives it: a job started in the background of a script (as this suite may
+    be) inherits SIGINT ignored, and Python then never turns it into KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _until(what: str, done: object, within_s: float) -> float:
     t0 = time.monotonic()
     while not done():  # type: ignore[operator]
@@ -66,7 +72,8 @@ def test_a_ctrl_c_stops_the_run_its_servers_and_its_temporary_prefect_server(tmp
             [sys.executable, "-m", "flows.cli", "compare-speculation", "--engine", "llamacpp", "--settings",
              str(settings), "--levels", "1", "--num-prompts", "4", "--output-len", "16", "--dataset", "synthetic",
              "--max-requests-per-level", "400", "--results", str(tmp_path / "results")],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=_as_a_terminal_job)
     try:
         _until("the first block", lambda: "level C=1 (repeat 0)" in log.read_text(), 480)
         servers = [p for p in _children(proc.pid) if "create_app" in _command_line(p)]
