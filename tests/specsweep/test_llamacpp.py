@@ -119,6 +119,37 @@ async def test_preset_serves_exact_token_counts(preset: str, tmp_path: Path) -> 
         assert not row.spec_drafts and row.spec_acceptance_per_position is None
 
 
+def test_the_generated_models_read_english_in_about_as_many_tokens_as_a_real_tokenizer() -> None:
+    """A prompt costs what it would on a real model: llama.cpp's own tokenizer (the server's /tokenize) splits
+    this English into 1.5 tokens a word (a real model's tokenizer: about 1.3), not letter by letter (3.3 a word with
+    the old vocabulary of whole words, whose prefixes were missing)."""
+    import subprocess
+    import time
+
+    text = ("Write a short story about a lighthouse keeper who finds a message in a bottle, then explain in "
+            "three sentences what the message means to the people of the town and why they kept it secret.")
+    words = len(text.split())
+    profile = baseline_profile(port=free_port(), parallel=1, ctx=512)
+    proc = subprocess.Popen(profile.launch_argv(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline, tokens = time.monotonic() + 60, None
+        while tokens is None and time.monotonic() < deadline:
+            try:
+                r = httpx.post(f"http://127.0.0.1:{profile.port}/tokenize", json={"content": text, "with_pieces": True},
+                               timeout=5)
+                if r.status_code == 200:
+                    tokens = r.json()["tokens"]
+            except httpx.TransportError:
+                time.sleep(0.1)
+        assert tokens is not None, "the server never tokenized"
+        pieces = [t["piece"] for t in tokens]
+        assert words <= len(pieces) <= 1.6 * words, pieces
+        assert "".join(pieces).replace("\u2581", " ").strip() == text  # nothing lost, no byte fallback
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
 def test_draft_model_alone_does_not_speculate() -> None:
     profile = speculative_profile()
     argv = profile.launch_argv()

@@ -9,7 +9,9 @@ behaves realistically:
   with the target's most of the time (tuned to roughly 80-90 %), not always;
 - one embedding dimension is a constant "bias" that the output projection turns into a
   large negative logit for control and byte tokens, so streams never end early and the
-  text stays valid UTF-8.
+  text stays valid UTF-8;
+- the vocabulary is learned from English text (``vocab``), so that prompts cost about as many tokens
+  as on a real model.
 Deterministic for a seed; a 28M-parameter target writes in about a second.
 """
 
@@ -23,42 +25,12 @@ from pathlib import Path
 
 import numpy as np
 
+from specsweep.engines.llamacpp.vocab import SPECIAL, build_vocab
 from specsweep.vocabulary import CHAT_TEMPLATE
-
-# Common English words: enough for readable-looking prompts to tokenize into whole pieces.
-_WORDS = """the of and to a in is it you that he was for on are with as I his they be at one have this from
-or had by hot word but what some we can out other were all there when up use your how said an each she
-which do their time if will way about many then them write would like so these her long make thing see
-him two has look more day could go come did number sound no most people my over know water than call
-first who may down side been now find any new work part take get place made live where after back
-little only round man year came show every good me give our under name very through just form sentence
-great think say help low line differ turn cause much mean before move right boy old too same tell does
-set three want air well also play small end put home read hand port large spell add even land here must
-big high such follow act why ask men change went light kind off need house picture try us again animal
-point mother world near build self earth father head stand own page should country found answer school
-grow study still learn plant cover food sun four between state keep eye never last let thought city tree
-cross farm hard start might story saw far sea draw left late run while press close night real life few
-north open seem together next white children begin got walk example ease paper group always music those
-both mark often letter until mile river car feet care second book carry took science eat room friend
-began idea fish mountain stop once base hear horse cut sure watch color face wood main enough plain girl
-usual young ready above ever red list though feel talk bird soon body dog family direct pose leave song
-measure door product black short numeral class wind question happen complete ship area half rock order
-fire south problem piece told knew pass since top whole king space heard best hour better true during
-hundred five remember step early hold west ground interest reach fast verb sing listen six table travel
-less morning ten simple several vowel toward war lay against pattern slow center love person money
-serve appear road map rain rule govern pull cold notice voice unit power town fine certain fly fall lead
-cry dark machine note wait plan figure star box noun field rest correct able pound done beauty drive
-stood contain front teach week final gave green oh quick develop ocean warm free minute strong special
-mind behind clear tail produce fact street inch multiply nothing course stay wheel full force blue object
-decide surface deep moon island foot system busy test record boat common gold possible plane stead dry
-wonder laugh thousand ago ran check game shape equate miss brought heat snow tire bring yes distant fill
-east paint language among server model token speed batch cache request stream latency throughput
-""".split()
-
 
 #: How the models are generated (vocabulary, weights, GGUF fields): raise it with any change to that code, so that
 #: models kept in the cache by an earlier version are written again.
-GENERATION = 1
+GENERATION = 2
 
 
 @dataclass(frozen=True)
@@ -71,6 +43,8 @@ class ModelSpec:
     n_ff: int = 1408
     n_ctx: int = 4096
     draft_layers: int = 1
+    #: Tokens in the vocabulary (specials, bytes, learned pieces): an MT-Bench question is about 106 of them.
+    vocab_size: int = 4096
     block_scale: float = 0.002
     seed: int = 1234
 
@@ -93,30 +67,6 @@ class ModelFiles:
         d = asdict(self)
         d["target"], d["draft"] = str(self.target), str(self.draft)
         return d
-
-
-def build_vocab() -> tuple[list[str], list[float], list[int]]:
-    """A sentencepiece-style vocabulary: unk, <s>, </s>, 256 byte tokens, then pieces."""
-    import gguf
-
-    tokens: list[str] = ["<unk>", "<s>", "</s>"]
-    types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL]
-    tokens += [f"<0x{b:02X}>" for b in range(256)]
-    types += [gguf.TokenType.BYTE] * 256
-    pieces: list[str] = ["\u2581"]
-    pieces += [chr(c) for c in range(33, 127)]
-    pieces += ["\u2581" + chr(c) for c in range(33, 127)]
-    seen = set(pieces)
-    for w in _WORDS:
-        for p in ("\u2581" + w, w):
-            if p not in seen:
-                seen.add(p)
-                pieces.append(p)
-    # Longer pieces merge first (higher score), as in sentencepiece's unigram scores.
-    scores = [0.0] * len(tokens) + [-(1000.0 - min(len(p), 20) * 10) - i * 1e-3 for i, p in enumerate(pieces)]
-    tokens += pieces
-    types += [gguf.TokenType.NORMAL] * len(pieces)
-    return tokens, scores, [int(t) for t in types]
 
 
 def _weights(spec: ModelSpec, n_vocab: int, n_special: int) -> dict[str, np.ndarray]:
@@ -225,9 +175,8 @@ def _make_models(out_dir: Path, spec: ModelSpec, *, force: bool) -> ModelFiles:
     target, draft, meta = out_dir / "target.gguf", out_dir / "draft.gguf", out_dir / "spec.json"
     if not force and (kept := _kept(out_dir, spec)) is not None:
         return kept  # another process wrote them while this one waited for the lock
-    vocab = build_vocab()
-    n_special = 3 + 256
-    weights = _weights(spec, len(vocab[0]), n_special)
+    vocab = build_vocab(spec.vocab_size)
+    weights = _weights(spec, len(vocab[0]), len(SPECIAL))
     tp = _write(target, "specsweep-tiny-target", spec, spec.n_layer, vocab, weights)
     dp = _write(draft, "specsweep-tiny-draft", spec, spec.draft_layers, vocab, weights)
     files = ModelFiles(target, draft, tp, dp, len(vocab[0]), spec)
