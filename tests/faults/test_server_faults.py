@@ -119,9 +119,11 @@ async def test_server_fault(name: str, tmp_path: Path) -> None:
         if not case.completed:
             assert case.message in run["error"]
     if name.startswith(("hangs", "trickles")):
-        # A stuck or trickling request is cut at the request timeout, not when the server gives up.
+        # A stuck or trickling request is cut at the request timeout (1 s), not when the server gives up: never
+        # (hangs) or after ~10 s (trickles). Alone they end 1.000-1.003 s after they were sent; among four tests
+        # at once on two cores one took over 2 s (the client starved), so the bound is half the trickle's 10 s.
         failed = requests[requests["error_type"] == "Timeout"]
-        assert (failed["e2e_ms"] < (case.timeout_s + 1.0) * 1000).all(), failed["e2e_ms"].tolist()
+        assert (failed["e2e_ms"] < (case.timeout_s + 4.0) * 1000).all(), sorted(failed["e2e_ms"].tolist())[-3:]
         assert took < 60
     logs = await flow_logs(state.state_details.flow_run_id)
     # The kill ran at the start (leftovers) and again at the end, whatever happened in between.
