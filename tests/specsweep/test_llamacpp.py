@@ -133,21 +133,48 @@ def test_the_generated_models_read_english_in_about_as_many_tokens_as_a_real_tok
     proc = subprocess.Popen(profile.launch_argv(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline, tokens = time.monotonic() + 60, None
-        while tokens is None and time.monotonic() < deadline:
+        while tokens is None and time.monotonic() < deadline and proc.poll() is None:
             try:
                 r = httpx.post(f"http://127.0.0.1:{profile.port}/tokenize", json={"content": text, "with_pieces": True},
                                timeout=5)
                 if r.status_code == 200:
                     tokens = r.json()["tokens"]
+                    break
             except httpx.TransportError:
-                time.sleep(0.1)
-        assert tokens is not None, "the server never tokenized"
+                pass
+            time.sleep(0.1)  # refused or 503 "Loading model": the model is still loading
+        assert tokens is not None, f"the server never tokenized (exit code {proc.poll()})"
         pieces = [t["piece"] for t in tokens]
         assert words <= len(pieces) <= 1.6 * words, pieces
         assert "".join(pieces).replace("\u2581", " ").strip() == text  # nothing lost, no byte fallback
     finally:
         proc.terminate()
-        proc.wait(10)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_the_vocabulary_is_pieces_llama_cpp_can_reach() -> None:
+    """Every piece of the kept vocabulary is two earlier ones joined (llama.cpp joins only pieces whose join is
+    itself a piece: one that is not would never be used), each printable character is there alone and after a
+    word boundary, none twice; a smaller vocabulary keeps the characters and the first-learned pieces."""
+    from specsweep.engines.llamacpp.vocab import SPECIAL, pieces
+
+    full = pieces(4096 - len(SPECIAL))
+    assert len(full) == len(set(full)) == 4096 - len(SPECIAL)
+    chars = ["\u2581", *(chr(c) for c in range(33, 127))]
+    assert set(chars) | {"\u2581" + c for c in chars[1:]} <= set(full)
+    seen: set[str] = set()
+    for piece in full:
+        assert len(piece) == 1 or any(piece[:i] in seen and piece[i:] in seen for i in range(1, len(piece))), piece
+        seen.add(piece)
+    assert {"\u2581the", "\u2581question", "ing"} <= set(full)  # common English, whole
+    small = pieces(500)
+    assert len(small) == 500 and small[:300] == full[:300] and set(chars) <= set(small)
+    with pytest.raises(ValueError, match="vocab_size"):
+        pieces(len(full) + 1)
 
 
 def test_draft_model_alone_does_not_speculate() -> None:

@@ -28,8 +28,8 @@ import numpy as np
 from specsweep.engines.llamacpp.vocab import SPECIAL, build_vocab
 from specsweep.vocabulary import CHAT_TEMPLATE
 
-#: How the models are generated (vocabulary, weights, GGUF fields): raise it with any change to that code, so that
-#: models kept in the cache by an earlier version are written again.
+#: How the models are generated (vocabulary, weights, GGUF fields): raise it with any change to that code or to
+#: ``pieces.txt``, so that models kept in the cache by an earlier version are written again.
 GENERATION = 2
 
 

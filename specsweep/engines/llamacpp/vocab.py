@@ -1,13 +1,15 @@
 """The generated models' vocabulary: sentencepiece-style pieces learned from English text, so that prompts
-tokenize into about as many tokens as a real model's tokenizer gives them.
+tokenize into about as many tokens as a real model's tokenizer gives them (about 1.5 times as many).
 
 A vocabulary of whole words alone does not do that: llama.cpp's sentencepiece tokenizer only joins two
 adjacent pieces whose concatenation is itself in the vocabulary, so a word whose prefixes are missing stays
 letter by letter (an MT-Bench question was 208 tokens, against about 70 for a real model's tokenizer).
-Here the pieces are byte-pair merges learned from the prose this machine already has, the docstrings and
-comments of Python's standard library (no text is shipped or downloaded): each piece is the concatenation
-of two earlier ones, and its score ranks it by when it was learned, so llama.cpp joins text exactly as the
-merges were learned. With 4,096 tokens an MT-Bench question is about 106 tokens.
+The pieces are byte-pair merges, learned once from the docstrings and comments of Python's standard library
+and kept in ``pieces.txt`` beside this module, so that every machine writes the same models (a standard
+library of another version would learn slightly other pieces). Each piece is the concatenation of two
+earlier ones, and its score ranks it by when it was learned, so llama.cpp joins the first-learned first.
+With 4,096 tokens an MT-Bench question is about 106 tokens. ``python -m specsweep.engines.llamacpp.vocab``
+learns them again and writes the file.
 """
 
 from __future__ import annotations
@@ -90,14 +92,31 @@ def learn_pieces(n_pieces: int, texts: list[str] | None = None) -> list[str]:
     tok.train_from_iterator(corpus() if texts is None else texts, trainer)
     model = json.loads(tok.to_str())["model"]
     learned = ["".join(m) if isinstance(m, list) else m.replace(" ", "") for m in model["merges"]]
-    pieces = list(dict.fromkeys([*chars, *learned]))  # first learned first, once each
+    return _fit(list(dict.fromkeys([*chars, *learned])), n_pieces)  # first learned first, once each
+
+
+def _fit(pieces: list[str], n_pieces: int) -> list[str]:
+    """The first ``n_pieces`` pieces, ending with every printable character after a word boundary."""
     keep = n_pieces
     while True:
         head = pieces[:keep]
-        missing = [p for p in (_SPACE + c for c in _ASCII) if p not in set(head)]
+        have = set(head)
+        missing = [p for p in (_SPACE + c for c in _ASCII) if p not in have]
         if len(head) + len(missing) <= n_pieces:
             return head + missing
         keep = n_pieces - len(missing)
+
+
+PIECES = Path(__file__).with_name("pieces.txt")
+
+
+def pieces(n_pieces: int) -> list[str]:
+    """The first ``n_pieces`` of the pieces kept in ``pieces.txt``."""
+    kept = PIECES.read_text(encoding="utf-8").splitlines()
+    if not 2 * (len(_ASCII) + 1) <= n_pieces <= len(kept):
+        raise ValueError(f"vocab_size must leave {2 * (len(_ASCII) + 1)} to {len(kept)} pieces beside the "
+                         f"{len(SPECIAL)} special tokens (got {n_pieces} pieces)")
+    return _fit(kept, n_pieces)
 
 
 def build_vocab(vocab_size: int) -> tuple[list[str], list[float], list[int]]:
@@ -105,8 +124,13 @@ def build_vocab(vocab_size: int) -> tuple[list[str], list[float], list[int]]:
     llama.cpp joins the first-learned merge first."""
     import gguf
 
-    pieces = learn_pieces(vocab_size - len(SPECIAL))
+    learned = pieces(vocab_size - len(SPECIAL))
     types = [gguf.TokenType.UNKNOWN, gguf.TokenType.CONTROL, gguf.TokenType.CONTROL] + [gguf.TokenType.BYTE] * 256
-    scores = [0.0] * len(SPECIAL) + [-float(i) for i in range(len(pieces))]
-    types += [gguf.TokenType.NORMAL] * len(pieces)
-    return SPECIAL + pieces, scores, [int(t) for t in types]
+    scores = [0.0] * len(SPECIAL) + [-float(i) for i in range(len(learned))]
+    types += [gguf.TokenType.NORMAL] * len(learned)
+    return SPECIAL + learned, scores, [int(t) for t in types]
+
+
+if __name__ == "__main__":  # learn the pieces again from this machine's standard library
+    PIECES.write_text("\n".join(learn_pieces(4096 - len(SPECIAL))) + "\n", encoding="utf-8")
+    print(f"wrote {PIECES}")
