@@ -84,7 +84,8 @@ async def stream_completion(port: int, prompt: str, max_tokens: int) -> tuple[st
 @pytest.mark.parametrize("preset", ["baseline", "speculative"])
 async def test_preset_serves_exact_token_counts(preset: str, tmp_path: Path) -> None:
     port = free_port()
-    profile: ServerProfile = (baseline_profile if preset == "baseline" else speculative_profile)(port=port, parallel=2, ctx=2048)
+    profile: ServerProfile = baseline_profile(port=port, parallel=2, ctx=2048) if preset == "baseline" else \
+        speculative_profile(port=port, parallel=2, ctx=2048, draft_max=4)
     host = LocalHost()
 
     @flow(name=f"llamacpp-{preset}")
