@@ -231,7 +231,8 @@ def compare_runs(store: ResultsStore, baseline_run_id: str, speculative_run_id: 
                                 store.request_fields(speculative_run_id, TRAFFIC_COLUMNS), base_rows, spec_rows,
                                 margin=decision.margin, names=(base_run.config_name, spec_run.config_name),
                                 batch={lv.concurrency: (lv.speculative_batch, lv.speculative_batch_max)
-                                       for lv in comp.levels})
+                                       for lv in comp.levels},
+                                confidence=decision.look_confidence(num_requests))
     comp.notes += comp.traffic.notes
     comp = with_engine_setting(comp, engines.speculation_of(spec_run.command, spec_run.engine))
     comp.verification = verification_of(store, comp, decision, num_requests)

@@ -78,6 +78,7 @@ class Lossless(BaseModel):
 
 class TrafficView(BaseModel):
     source: str | None = Field(None, description="The prompt set the levels were sent.")
+    confidence: float = Field(0.95, description="Of each interval (the levels' own, per look).")
     levels: list[CategoryLevel] = Field(default_factory=list)
     recommendations: dict[str, Recommendation] = Field(default_factory=dict, description="Per category.")
     lengths: list[OutputLengths] = Field(default_factory=list)
@@ -132,12 +133,17 @@ def _by_round(pairs: Sequence[tuple[int, float, float]]) -> list[tuple[float, fl
 def traffic_view(base_frame: Iterable[Mapping[str, Any]], spec_frame: Iterable[Mapping[str, Any]],
                  base_rows: Sequence[LevelRow], spec_rows: Sequence[LevelRow], *, margin: float,
                  names: tuple[str, str] = ("baseline", "speculative"),
-                 batch: Mapping[int, tuple[float | None, float | None]] | None = None) -> TrafficView:
+                 batch: Mapping[int, tuple[float | None, float | None]] | None = None,
+                 confidence: float = 0.95) -> TrafficView:
     """``batch``: per concurrency, the running batch the speculative engine reported there (mean, max), which
-    every category's answer states its engine setting in, as the level's own answer does."""
+    every category's answer states its engine setting in, as the level's own answer does. ``confidence``: of
+    each interval; a comparison passes its levels' own (held over the looks its stopping rule took), since the
+    rounds these pairs come from were taken until that rule stopped, and an interval at a lower confidence
+    would decide a category, or the mix, that the level's own answer leaves open."""
     counted = _counted(base_rows) & _counted(spec_rows)
     base, spec = _measured(base_frame, counted), _measured(spec_frame, counted)
-    view = TrafficView(source=next((r.prompt_source for r in spec_rows if r.prompt_source), None))
+    view = TrafficView(source=next((r.prompt_source for r in spec_rows if r.prompt_source), None),
+                       confidence=confidence)
     pairs: dict[tuple[str, int], list[tuple[int, float, float]]] = defaultdict(list)  # (round, base, spec)
     steps: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
     drafts: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)  # (accepted, drafted)
@@ -158,7 +164,8 @@ def traffic_view(base_frame: Iterable[Mapping[str, Any]], spec_frame: Iterable[M
             same[c].append(b["output_digest"] == s["output_digest"])
     for (category, c), got in sorted(pairs.items()):
         rounds = _by_round(got)
-        interval = ratio_interval([b for b, _ in rounds], [s for _, s in rounds], paired=True) if rounds else None
+        interval = ratio_interval([b for b, _ in rounds], [s for _, s in rounds], paired=True,
+                                  confidence=confidence) if rounds else None
         accepted, drafted = steps.get((category, c)), drafts.get((category, c))
         view.levels.append(CategoryLevel(
             category=category, concurrency=c, pairs=len(got), rounds=len(rounds),

@@ -154,7 +154,8 @@ def traffic_markdown(view: TrafficView | None) -> list[str]:
     parts = [f"### By category of prompt ({view.source or 'unknown'} prompts)",
              markdown_table(["category", *(f"C={c}" for c in cs), "answer"], rows),
              "Each cell: the speculative configuration's per-request speed over the baseline's, paired by prompt "
-             "(geometric mean, with its interval), the verdict, and the speculative engine's output tokens per verify "
+             f"(geometric mean, with its {view.confidence:.1%} interval: the levels' own confidence per look), the "
+             "verdict, and the speculative engine's output tokens per verify "
              "step where its answers say. The interval is taken over the level's rounds, not its requests: requests "
              "measured together share the machine's state, so a category needs rounds, not only prompts, to be "
              "decided.",

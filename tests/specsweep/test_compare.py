@@ -11,7 +11,7 @@ from specsweep.analysis.compare import check_fingerprints, compare_levels, compa
 from specsweep.analysis.decision import DecisionConfig
 from specsweep.engines.sglang import check_adaptive_config as check_sglang_adaptive_config
 from specsweep.errors import ConfigError
-from specsweep.records import LevelRow, RunRow
+from specsweep.records import LevelRow, RequestRow, RunRow
 from specsweep.reports.folders import write_comparison_report
 from specsweep.results.store import ResultsStore
 
@@ -153,3 +153,29 @@ def test_an_undetermined_answer_gives_no_engine_settings(tmp_path: Path) -> None
     assert not (folder / "sglang-adaptive-config.json").exists()
     assert json.loads((folder / "recommendation.json").read_text())["speculation_off_from"] is None
     assert "No engine setting is given while the answer is undetermined" in (folder / "report.md").read_text()
+
+
+def test_the_mix_of_prompts_is_decided_at_the_levels_own_confidence_not_at_a_laxer_one(tmp_path: Path) -> None:
+    # Four rounds at one stream: speculative x1.10, x1.03, x1.12, x1.05. At 95 % the interval would clear 1;
+    # over the looks the stopping rule took (98.3 % each) it does not. The report's answer for the prompts
+    # as sent (the mix of their categories) must not call decided what its own level leaves open.
+    ratios = [1.10, 1.03, 1.12, 1.05]
+    store = store_pair(tmp_path / "res", {1: [100.0] * 4}, {1: [100.0 * r for r in ratios]})
+    for run_id, speed in (("base1", [1.0] * 4), ("spec1", ratios)):
+        requests = [RequestRow(index=4 * rnd + i, mode="concurrency", level_value=1.0, repeat=rnd, scheduled_s=0.0,
+                               prompt_index=i, category="writing", output_tokens=100, e2e_ms=1000.0 / speed[rnd],
+                               output_digest=f"d{rnd}-{i}", finish_reason="stop")
+                    for rnd in range(4) for i in range(4)]
+        for rnd in range(4):
+            row = store.level_rows(run_id)[rnd]
+            store.write_level(run_id, row.level.key, row, [r for r in requests if r.repeat == rnd])
+    comp = compare_runs(store, "base1", "spec1")
+    level = comp.levels[0]
+    assert level.verdict == "undetermined" and level.confidence > 0.98
+    assert comp.traffic is not None and comp.traffic.confidence == level.confidence
+    mix = next(lv for lv in comp.traffic.levels if lv.category == "(mix as sent)")
+    assert abs(mix.ratio - level.ratio) < 1e-6  # the same rounds, the same ratio
+    assert mix.verdict == "undetermined" and comp.traffic.recommendations["(mix as sent)"].status == "undetermined"
+    write_comparison_report(comp, store)
+    report = (tmp_path / "res" / "reports" / "base1--spec1" / "report.md").read_text()
+    assert f"with its {level.confidence:.1%} interval" in report
