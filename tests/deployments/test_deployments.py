@@ -78,7 +78,8 @@ async def wait_done(flow_run_id: object, timeout: float = 240) -> object:
 
 def sim_settings(port: int) -> dict[str, object]:
     return {"model_path": "/models/kimi", "draft_model_path": "/models/eagle3", "tp": 8, "port": port,
-            "bind_host": "127.0.0.1", "simulate": True, "sim_profile": "tiny-fast", "python": ".venv/bin/python"}
+            "bind_host": "127.0.0.1", "simulate": True, "sim_profile": "tiny-fast", "python": ".venv/bin/python",
+            "extra_args": ["--startup-s", "0.3"]}
 
 
 async def test_deployments_register_with_schedules(deployed: dict[str, str]) -> None:

@@ -44,8 +44,9 @@ async def test_vllm_baseline_vs_draft_model_end_to_end(vllm_python: str, hf_mode
                     env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_SERVER_DEV_MODE": "1"})
     async with ServerGroups(port, port + 1) as groups:
         state = await compare_vllm(vllm, return_state=True, benchmark=BenchmarkSettings(
-            results=str(results), workload=WorkloadConfig(source="mt-bench", output_len=32),
-            sweep=SweepConfig(concurrency=[1, 4], num_requests=8, warmup_requests=2)),
+            results=str(results), workload=WorkloadConfig(source="mt-bench", output_len=16),
+            sweep=SweepConfig(concurrency=[1, 4], num_requests=8, warmup_requests=2),
+            stages=LifecycleOptions(warm_up_requests=0)),
             # Two blocks per configuration and level (no verdict is asserted here): most of this file's time is
             # the engine's own starts and the blocks it serves.
             decision={"min_blocks": 2, "max_requests_per_level": 16})  # type: ignore[arg-type]
@@ -147,7 +148,7 @@ async def test_engine_core_killed_during_a_level(vllm_python: str, hf_models: HF
     try:
         async with ServerGroups(port) as groups:
             state = await benchmark_config(profile, return_state=True, benchmark=BenchmarkSettings(
-                results=str(results), workload=WorkloadConfig(input_len=16, output_len=512),
+                results=str(results), workload=WorkloadConfig(input_len=16, output_len=256),
                 sweep=SweepConfig(concurrency=[1, 4], num_requests=8, warmup_requests=1),
                 stages=LifecycleOptions(warm_up_requests=0)))
     finally:
@@ -193,8 +194,9 @@ async def test_tune_speculation_on_vllm_gives_a_schedule_vllm_loads(vllm_python:
     async with ServerGroups(port) as groups:
         state = await tune_speculation(
             vllm=settings(hf_models, vllm_python, port), grid={"num_speculative_tokens": [1, 3]}, return_state=True,
-            benchmark=BenchmarkSettings(results=str(results), workload=WorkloadConfig(input_len=16, output_len=32),
-                                        sweep=SweepConfig(concurrency=[1, 4], num_requests=8, warmup_requests=1)),
+            benchmark=BenchmarkSettings(results=str(results), workload=WorkloadConfig(input_len=16, output_len=16),
+                                        sweep=SweepConfig(concurrency=[1, 4], num_requests=8, warmup_requests=1),
+                                        stages=LifecycleOptions(warm_up_requests=0)),
             decision={"min_blocks": 2, "max_requests_per_level": 16})  # type: ignore[arg-type]
     assert state.is_completed(), state.message
     result = await state.result()

@@ -307,7 +307,8 @@ async def test_levels_run_by_a_load_generator_on_the_host_behind_the_bastion(
     state = await compare_speculation(
         base, spec, host=host, return_state=True,
         benchmark=BenchmarkSettings(sweep={"concurrency": [1, 16], "num_requests": 12, "warmup_requests": 1},  # type: ignore[arg-type]
-                                    workload={"input_len": 8, "output_len": 48}, results=str(results)),  # type: ignore[arg-type]
+                                    workload={"input_len": 8, "output_len": 48}, results=str(results),  # type: ignore[arg-type]
+                                    stages={"warm_up_requests": 4}),  # type: ignore[arg-type]
         # Four blocks per configuration and level, no more: the baseline's own precision (±1.5 %) is rarely met on
         # the loaded suite, so a larger budget bought blocks, not a surer verdict (x0.44 at 16 is decided in four).
         decision=DecisionConfig(max_requests_per_level=48),

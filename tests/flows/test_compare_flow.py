@@ -170,8 +170,8 @@ async def test_alternate_design_takes_blocks_in_turn(alternate_by: str, tmp_path
         base, spec, return_state=True,
         benchmark=BenchmarkSettings(workload=WorkloadConfig(input_len=16, output_len=32), results=str(results),
                                     sweep=SweepConfig(concurrency=[1, 16], num_requests=12, warmup_requests=1),
-                                    # A start's warm-up, at most 4 requests: with restarts, one per block.
-                                    stages=LifecycleOptions(warm_up_requests=4)),
+                                    # A start's warm-up, one request: with restarts, one start per block.
+                                    stages=LifecycleOptions(warm_up_requests=1)),
         # Four rounds at least (three left x0.56 at 16 at [0.31, 1.02] once on the loaded suite), six at most.
         decision=DecisionConfig(design="alternate", alternate_by=alternate_by, max_requests_per_level=72),
     )
