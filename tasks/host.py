@@ -17,14 +17,14 @@ import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from uuid import UUID
 
 from prefect import get_run_logger
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, VariableCreate
 from prefect.client.schemas.responses import GlobalConcurrencyLimitResponse
-from prefect.concurrency.asyncio import concurrency
+from prefect.concurrency.asyncio import AcquireConcurrencySlotTimeoutError, concurrency
 from prefect.concurrency.context import ConcurrencyContext
 from prefect.concurrency.sync import concurrency as sync_concurrency
 from prefect.context import FlowRunContext
@@ -37,6 +37,11 @@ from specsweep.hosts import Host, HostConfig, open_host
 from tasks.blocks import record_host_keys
 
 LOCK_LEASE_S = 60.0
+#: One try to take a busy host's slot lasts this long; waiting is a loop of such tries. Prefect's own wait
+#: (a single try without a time limit) runs in a background service that the process drains when it exits,
+#: and a slot another run holds never comes: a run cancelled while it waited could not exit, and its
+#: cancellation hook could not run, until the runner killed it 30 s later.
+ACQUIRE_TRY_S = 2.0
 _log = logging.getLogger("specsweep.host")
 
 
@@ -55,6 +60,21 @@ async def _limit(name: str) -> GlobalConcurrencyLimitResponse:
             except ObjectAlreadyExists:
                 pass
             return await client.read_global_concurrency_limit_by_name(name)
+
+
+@asynccontextmanager
+async def _acquire(name: str) -> AsyncIterator[None]:
+    """The global concurrency limit ``name``'s one slot, as a lease renewed while it is held; waited for
+    in tries of ACQUIRE_TRY_S, so that the process can always exit within one try."""
+    async with AsyncExitStack() as stack:
+        while True:
+            try:
+                await stack.enter_async_context(concurrency(name, occupy=1, strict=True, lease_duration=LOCK_LEASE_S,
+                                                            timeout_seconds=ACQUIRE_TRY_S))
+                break
+            except AcquireConcurrencySlotTimeoutError:
+                continue
+        yield
 
 
 @asynccontextmanager
@@ -80,7 +100,7 @@ async def host_lock(host: Host) -> AsyncIterator[None]:
     context = FlowRunContext.get()
     flow_run = context.flow_run if context else None
     try:
-        async with concurrency(name, occupy=1, strict=True, lease_duration=LOCK_LEASE_S):
+        async with _acquire(name):
             announcer.cancel()
             logger.info("holding host %s (waited %.1f s); other runs on it wait until this one ends", host.label,
                         time.monotonic() - t0)
