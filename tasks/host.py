@@ -20,11 +20,12 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from uuid import UUID
 
+import httpx
 from prefect import get_run_logger
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, VariableCreate
 from prefect.client.schemas.responses import GlobalConcurrencyLimitResponse
-from prefect.concurrency.asyncio import AcquireConcurrencySlotTimeoutError, concurrency
+from prefect.concurrency.asyncio import ConcurrencySlotAcquisitionError, concurrency
 from prefect.concurrency.context import ConcurrencyContext
 from prefect.concurrency.sync import concurrency as sync_concurrency
 from prefect.context import FlowRunContext
@@ -37,10 +38,12 @@ from specsweep.hosts import Host, HostConfig, open_host
 from tasks.blocks import record_host_keys
 
 LOCK_LEASE_S = 60.0
-#: One try to take a busy host's slot lasts this long; waiting is a loop of such tries. Prefect's own wait
-#: (a single try without a time limit) runs in a background service that the process drains when it exits,
-#: and a slot another run holds never comes: a run cancelled while it waited could not exit, and its
-#: cancellation hook could not run, until the runner killed it 30 s later.
+#: How often a run waiting for a busy host looks whether its slot is free. Prefect's own wait retries inside a
+#: background service that the process drains when it exits, and a slot another run holds never comes: a run
+#: cancelled while it waited could not exit, and its cancellation hook could not run, until the runner killed
+#: it 30 s later. So the wait is this task's own: it reads the limit (a plain read, which says nothing in the
+#: logs), and only when a slot is free asks for it once (no retries inside Prefect). A request is never cut off
+#: mid-way: a slot granted as a time limit struck would be held by nobody until its lease ran out.
 ACQUIRE_TRY_S = 2.0
 _log = logging.getLogger("specsweep.host")
 
@@ -64,16 +67,21 @@ async def _limit(name: str) -> GlobalConcurrencyLimitResponse:
 
 @asynccontextmanager
 async def _acquire(name: str) -> AsyncIterator[None]:
-    """The global concurrency limit ``name``'s one slot, as a lease renewed while it is held; waited for
-    in tries of ACQUIRE_TRY_S, so that the process can always exit within one try."""
+    """The global concurrency limit ``name``'s one slot, as a lease renewed while it is held; while another
+    run holds it, looked for every ACQUIRE_TRY_S, so that the process can always exit within one request."""
     async with AsyncExitStack() as stack:
         while True:
-            try:
-                await stack.enter_async_context(concurrency(name, occupy=1, strict=True, lease_duration=LOCK_LEASE_S,
-                                                            timeout_seconds=ACQUIRE_TRY_S))
-                break
-            except AcquireConcurrencySlotTimeoutError:
-                continue
+            limit = await _limit(name)
+            if limit.active_slots < limit.limit:
+                try:
+                    await stack.enter_async_context(concurrency(name, occupy=1, strict=True,
+                                                                lease_duration=LOCK_LEASE_S, max_retries=0))
+                    break
+                except ConcurrencySlotAcquisitionError as exc:  # another run took it first
+                    cause = exc.__cause__
+                    if not (isinstance(cause, httpx.HTTPStatusError) and cause.response.status_code == 423):
+                        raise
+            await asyncio.sleep(ACQUIRE_TRY_S)
         yield
 
 

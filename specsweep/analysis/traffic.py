@@ -137,7 +137,7 @@ def traffic_view(base_frame: Iterable[Mapping[str, Any]], spec_frame: Iterable[M
                  confidence: float = 0.95) -> TrafficView:
     """``batch``: per concurrency, the running batch the speculative engine reported there (mean, max), which
     every category's answer states its engine setting in, as the level's own answer does. ``confidence``: of
-    each interval; a comparison passes its levels' own (held over the looks its stopping rule took), since the
+    each interval; a comparison passes its levels' own (held over the looks its budget allows), since the
     rounds these pairs come from were taken until that rule stopped, and an interval at a lower confidence
     would decide a category, or the mix, that the level's own answer leaves open."""
     counted = _counted(base_rows) & _counted(spec_rows)

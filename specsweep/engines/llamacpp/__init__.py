@@ -138,9 +138,10 @@ class LlamaCppSettings(EngineSettings):
                          "shifted is set aside).")
     draft_max: int = Field(8, ge=1, le=64, description="Most tokens drafted per step (--spec-draft-n-max). "
                            "With 8 (llama-server's own default is 16) the generated models accept about 61 % "
-                           "(5.5 tokens a step); at 8 streams verifying 9 tokens per slot costs more than it "
-                           "saves (x0.83 measured, against x0.97 with 4), while up to 4 streams it pays "
-                           "(x1.16-1.17): the crossover is clear of the margin on both sides.")
+                           "on MT-Bench (5.5 tokens a step). On this 2-core machine it pays at 1 and 2 streams "
+                           "(x1.15-1.32), and at 8 verifying 9 tokens per slot costs more than it saves "
+                           "(x0.80-0.88; with 4, x0.96-0.98, inside the noise); 4 streams (x1.01-1.07) is the "
+                           "crossover.")
     draft_min: int = Field(0, ge=0, le=64, description="Fewest tokens drafted per step (--spec-draft-n-min).")
     draft_p_min: float | None = Field(None, ge=0, le=1, description="Least probability of a drafted token "
                                       "(--spec-draft-p-min); default llama.cpp's own.")
