@@ -123,7 +123,7 @@ async def test_engine_core_killed_during_a_level(vllm_python: str, hf_models: HF
     """vLLM's server process dies in the middle of C=4 (as with the OOM killer): C=1 is kept, C=4's requests are
     rows with their errors, the run says how it ended, and its engine core and worker (left orphaned) are gone."""
     port = free_port()
-    profile = settings(hf_models, vllm_python, port).profile("baseline")
+    profile = settings(hf_models, vllm_python, port, worker=True).profile("baseline")  # the layout users get
     profile = profile.model_copy(update={"kill_grace_s": 5.0})
     results = tmp_path / "results"
     # A process of its own watches the server's log: once C=1 is stored (counted; a block the loaded machine

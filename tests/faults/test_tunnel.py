@@ -138,10 +138,9 @@ async def test_comparison_of_a_loopback_server_through_a_tunnel(topology: str, r
     assert state.is_completed(), state.message
     comp = (await state.result()).comparison
     # The simulated crossover, measured through the tunnel: ahead for one stream (x1.75), behind at 16 (x0.44 to
-    # x0.60). Whether four unpaired blocks decide 16 is the loaded suite's luck, not the tunnel's doing: one run in
-    # the suite left x0.60 undetermined, its blocks taken minutes apart while three other tests ran.
+    # x0.60); both arms served by one server would give about 1 at both. Whether four unpaired blocks decide 16 is
+    # the loaded suite's luck, not the tunnel's doing: one run in the suite left x0.60 undetermined.
     assert comp.levels[0].ratio > 1.1 and comp.levels[1].ratio < 0.9, comp.levels
-    assert comp.levels[1].verdict in ("slower", "undetermined"), comp.levels
     logs = "\n".join(await flow_logs(state.state_details.flow_run_id))
     assert "the client reaches it at http://127.0.0.1:" in logs and "OpenSSH tunnel to 127.0.0.1:30000" in logs
     assert tunnels_left(remote.net.addr) == [] and [p for p in pids_with_marker(30000) if p in remote.net.pids()] == []

@@ -11,23 +11,26 @@ from specsweep.engines.vllm import VLLMSettings
 from specsweep.engines.vllm.models import HFModels
 
 
-def settings(models: HFModels, python: str, port: int, **fields: object) -> VLLMSettings:
+def settings(models: HFModels, python: str, port: int, *, worker: bool = False, **fields: object) -> VLLMSettings:
+    """The tiny models on the CPU backend. The model runs in the engine core itself ("uni", vLLM's own choice for
+    one GPU): a start with a draft model took about 32 s alone here, against 46 s with the CPU backend's default
+    worker process, which imports torch a third time (three starts of each, in turn). ``worker``: that default
+    layout (API server, engine core and worker), for a test of what is left when the server dies."""
+    eager = ["--dtype", "bfloat16", "--enforce-eager"]  # bf16 is what the CPU backend runs fastest; no torch.compile
     return VLLMSettings.model_validate({
         "model": str(models.target), "method": "draft_model", "draft_model": str(models.draft),
         "num_speculative_tokens": 3, "port": port, "max_model_len": 1024, "python": python,
-        # 1 GiB of KV cache; bf16 is what the CPU backend runs fastest; eager (no torch.compile): a start
-        # takes about 22 s here instead of 45. The model runs in the engine core itself ("uni", as vLLM does by
-        # itself for one GPU; its CPU backend would start a third process that imports torch again): a start with
-        # a draft model took 27 s instead of 45 here.
-        "extra_args": ["--dtype", "bfloat16", "--enforce-eager", "--distributed-executor-backend", "uni"],
+        # 1 GiB of KV cache, so that it fits beside the other tests.
+        "extra_args": eager if worker else [*eager, "--distributed-executor-backend", "uni"],
         "env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
         "startup_timeout_s": 300,
         **fields})
 
 
 def _server_groups(ports: tuple[int, ...]) -> set[int]:
-    """The process groups of the vLLM API servers listening on ``ports`` (their engine cores and workers run in
-    the same group; the core's title overwrites its command line and environment, so it is known by its group)."""
+    """The process groups of the vLLM API servers listening on ``ports`` (their engine cores, and workers where
+    they have them, run in the same group; the core's title overwrites its command line and environment, so it
+    is known by its group)."""
     groups = set()
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():

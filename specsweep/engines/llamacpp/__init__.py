@@ -133,16 +133,17 @@ class LlamaCppSettings(EngineSettings):
                      "room for the longest MT-Bench question (1,169 tokens with the generated models' vocabulary) and "
                      "its answer.")
     threads: int = Field(2, ge=1, le=256, description="CPU threads (-t). On this 2-core machine: with one, drafting "
-                         "does not pay even alone (benchmarks/cache_fit.py --threads 1); with two it pays at 1 and 2 in "
-                         "flight, and the client and Prefect take some of the cores (a round of blocks the machine "
-                         "shifted is set aside).")
+                         "does not pay even alone (benchmarks/cache_fit.py --threads 1); with two it pays at 1 stream "
+                         "and, in most runs, at 2, and the client and Prefect take some of the cores (a round of "
+                         "blocks the machine shifted is set aside).")
     draft_max: int = Field(8, ge=1, le=64, description="Most tokens drafted per step (--spec-draft-n-max). "
                            "With 8 (llama-server's own default is 16) the generated models accept about 61 % "
-                           "on MT-Bench (5.5 tokens a step). On this 2-core machine it pays at 1 and 2 streams "
-                           "(x1.09-1.32), and at 8 verifying 9 tokens per slot costs more than it saves "
-                           "(x0.80-0.92, x0.98 once on a slow day; with 4, x0.96-0.98, inside the noise); 4 streams "
-                           "(x1.01-1.07) is the crossover. With 16, 8 streams lose clearly (x0.72) but 2 and 4 "
-                           "gain nothing (x1.02, x1.03).")
+                           "on MT-Bench (5.5 tokens a step). On this 2-core machine it pays at 1 stream (x1.15-1.32) "
+                           "and, in most runs, at 2 (x1.09-1.32), and at 8 verifying 9 tokens per slot costs more "
+                           "than it saves (x0.80-0.92 in eight runs over two days, x0.98 in a ninth; with draft_max "
+                           "4, x0.96-0.98, inside the noise); 4 streams (x1.01-1.07) is the crossover. With "
+                           "draft_max 16, 8 streams lose clearly (x0.72) but 2 and 4 gain nothing (x1.02, x1.03; "
+                           "1 stream x1.15).")
     draft_min: int = Field(0, ge=0, le=64, description="Fewest tokens drafted per step (--spec-draft-n-min).")
     draft_p_min: float | None = Field(None, ge=0, le=1, description="Least probability of a drafted token "
                                       "(--spec-draft-p-min); default llama.cpp's own.")
