@@ -20,7 +20,18 @@ import sys
 from typing import Any
 
 from prefect.server.api.server import SubprocessASGIServer
-from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
+from prefect.settings import (
+    PREFECT_API_URL,
+    PREFECT_SERVER_EPHEMERAL_ENABLED,
+    PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+)
+
+#: How long the temporary server may take to answer before the command gives up. Its first start on a machine
+#: creates Prefect's database: 16-18 s alone on this 2-core machine on a slow day (7-8 s once it exists), so
+#: Prefect's own 20 s left the first run of a new machine a few seconds from failing before it began, and once,
+#: beside the end of another test, it did ("Timed out while attempting to connect to ephemeral Prefect API
+#: server"). A longer setting of Prefect's is kept.
+STARTUP_TIMEOUT_S = 120
 
 # Run by the server's process before it becomes the server: SIGTERM when the command's process ends
 # (PR_SET_PDEATHSIG, kept across exec), and no server at all if the command ended already.
@@ -58,5 +69,5 @@ def start_temporary_server() -> str | None:
     server = ShieldedServer()
     if not isinstance(server, ShieldedServer):  # Prefect started its own already: that one serves
         return server.api_url if server.running else None
-    server.start()
+    server.start(timeout=max(STARTUP_TIMEOUT_S, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()))
     return server.api_url
