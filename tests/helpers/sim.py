@@ -17,7 +17,10 @@ from tests.helpers.sshd import free_port
 
 
 @contextmanager
-def running_sim(*args: str, ready: bool = True, startup_s: float = 0.2) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+def running_sim(*args: str, ready: bool = True, startup_s: float = 0.2,
+                listening: bool = False) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """The simulator on a free port, yielded once /health says 200 (``ready``), or once it answers /health at all
+    (``listening``: its imports alone took over a second once on a slow day), or at once."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "specsweep.engines.sglang.sim", "--port", str(port), "--startup-s", str(startup_s), *args],
@@ -25,11 +28,11 @@ def running_sim(*args: str, ready: bool = True, startup_s: float = 0.2) -> Itera
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        if ready:
+        if ready or listening:
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:
                 try:
-                    if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    if httpx.get(url + "/health", timeout=1).status_code == 200 or listening:
                         break
                 except httpx.HTTPError:
                     pass
