@@ -41,7 +41,7 @@ async def test_vllm_baseline_vs_draft_model_end_to_end(vllm_python: str, hf_mode
     port = free_port(span=2)
     results = tmp_path / "results"
     vllm = settings(hf_models, vllm_python, port, max_model_len=2048,
-                    env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_SERVER_DEV_MODE": "1"})
+                    env={"VLLM_SERVER_DEV_MODE": "1"})
     async with ServerGroups(port, port + 1) as groups:
         state = await compare_vllm(vllm, return_state=True, benchmark=BenchmarkSettings(
             results=str(results), workload=WorkloadConfig(source="mt-bench", output_len=16),
@@ -54,6 +54,7 @@ async def test_vllm_baseline_vs_draft_model_end_to_end(vllm_python: str, hf_mode
     comp = (await state.result()).comparison
     assert [lv.concurrency for lv in comp.levels] == [1, 4]
     assert pids_with_marker(port) == [] and groups.seen and groups.alive() == []
+    assert groups.titles == {"VLLM::EngineCore"}  # the model ran in the engine core: no worker process
 
     runs = ResultsStore(results).runs().set_index("config_name")
     assert sorted(runs.index) == ["vllm-baseline", "vllm-draft"] and set(runs["status"]) == {"completed"}
@@ -159,6 +160,7 @@ async def test_engine_core_killed_during_a_level(vllm_python: str, hf_models: HF
     assert not state.is_completed()
     # During C=4's requests, or (the loaded suite slowing the watcher) while C=4's prompts were being counted.
     assert re.search(r"exited (during level|while level) C=4", state.message or ""), state.message
+    assert groups.titles == {"VLLM::EngineCore", "VLLM::Worker"}
     assert pids_with_marker(port) == [] and groups.seen and groups.alive() == []  # orphaned core and worker too
 
     store = ResultsStore(results)

@@ -12,17 +12,24 @@ from specsweep.engines.vllm.models import HFModels
 
 
 def settings(models: HFModels, python: str, port: int, *, worker: bool = False, **fields: object) -> VLLMSettings:
-    """The tiny models on the CPU backend. The model runs in the engine core itself ("uni", vLLM's own choice for
-    one GPU): a start with a draft model took about 32 s alone here, against 46 s with the CPU backend's default
-    worker process, which imports torch a third time (three starts of each, in turn). ``worker``: that default
-    layout (API server, engine core and worker), for a test of what is left when the server dies."""
+    """The tiny models on the CPU backend. The model runs in the engine core itself: two processes (API server and
+    engine core) instead of the CPU backend's default three, each of which imports torch. The CPU platform keeps
+    ``--distributed-executor-backend uni`` only with VLLM_ENABLE_V1_MULTIPROCESSING=0 and otherwise switches back
+    to "mp" with a worker process (vllm/platforms/cpu.py); with both, a start with a draft model took 29-31 s
+    alone here, against 41-46 s (two starts of each, in turn). ``worker``: the default layout (API server, engine
+    core and worker), for a test of what is left when the server dies. ``env`` adds to the tests' environment."""
     eager = ["--dtype", "bfloat16", "--enforce-eager"]  # bf16 is what the CPU backend runs fastest; no torch.compile
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1"}  # 1 GiB of KV cache, so that it fits beside the other tests
+    if not worker:
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    more = fields.pop("env", {})
+    assert isinstance(more, dict)
+    env.update(more)
     return VLLMSettings.model_validate({
         "model": str(models.target), "method": "draft_model", "draft_model": str(models.draft),
         "num_speculative_tokens": 3, "port": port, "max_model_len": 1024, "python": python,
-        # 1 GiB of KV cache, so that it fits beside the other tests.
         "extra_args": eager if worker else [*eager, "--distributed-executor-backend", "uni"],
-        "env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
+        "env": env,
         "startup_timeout_s": 300,
         **fields})
 
@@ -46,18 +53,40 @@ def _server_groups(ports: tuple[int, ...]) -> set[int]:
     return groups - {os.getpgrp()}
 
 
+def _members(groups: set[int]) -> list[tuple[int, str]]:
+    """The live processes (pid, command line or title) in ``groups``."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if os.getpgid(int(d.name)) not in groups:
+                    continue
+                if (d / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue  # dead, not yet reaped (a killed server's children are reparented for that)
+                found.append((int(d.name), (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")))
+            except OSError:
+                continue
+    return found
+
+
 class ServerGroups:
     """Watches, while a test's runs go on, the process groups of the vLLM servers on its ports; afterwards
-    ``alive()`` lists every process still in one of them. Tests on other ports (other workers) are never seen."""
+    ``alive()`` lists every process still in one of them, and ``titles`` holds the titles vLLM gave the processes
+    it started (``VLLM::EngineCore``, ``VLLM::Worker``). Tests on other ports (other workers) are never seen."""
 
     def __init__(self, *ports: int) -> None:
         self.ports = ports
         self.seen: set[int] = set()
+        self.titles: set[str] = set()
         self._task: asyncio.Task[None] | None = None
+
+    def _look(self) -> None:
+        self.seen |= _server_groups(self.ports)
+        self.titles |= {cmd.strip() for _, cmd in _members(self.seen) if cmd.startswith("VLLM::")}
 
     async def _watch(self) -> None:
         while True:
-            self.seen |= await asyncio.to_thread(_server_groups, self.ports)
+            await asyncio.to_thread(self._look)
             await asyncio.sleep(0.3)
 
     async def __aenter__(self) -> ServerGroups:
@@ -71,16 +100,4 @@ class ServerGroups:
     def alive(self) -> list[str]:
         """Live processes (pid and command line) in a group a server on these ports had (assert ``seen`` too: a
         watch that saw nothing proves nothing)."""
-        found = []
-        for d in Path("/proc").iterdir():
-            if d.name.isdigit():
-                try:
-                    if os.getpgid(int(d.name)) not in self.seen:
-                        continue
-                    if (d / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                        continue  # dead, not yet reaped (a killed server's children are reparented for that)
-                    cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                    found.append(f"{d.name} {cmd[:200]}")
-                except OSError:
-                    continue
-        return found
+        return [f"{pid} {cmd[:200]}" for pid, cmd in _members(self.seen)]
