@@ -16,8 +16,10 @@ def settings(models: HFModels, python: str, port: int, *, worker: bool = False, 
     engine core) instead of the CPU backend's default three, each of which imports torch. The CPU platform keeps
     ``--distributed-executor-backend uni`` only with VLLM_ENABLE_V1_MULTIPROCESSING=0 and otherwise switches back
     to "mp" with a worker process (vllm/platforms/cpu.py); with both, a start with a draft model took 29-31 s
-    alone here, against 41-46 s (two starts of each, in turn). ``worker``: the default layout (API server, engine
-    core and worker), for a test of what is left when the server dies. ``env`` adds to the tests' environment."""
+    alone here, against 41-46 s (two starts of each, in turn), and 27 CPU-seconds against 38. Serving costs more
+    that way (20 requests of 64 tokens: 31 CPU-seconds against 21), but these tests serve few tokens. ``worker``:
+    the default layout (API server, engine core and worker), for a test of what is left when the server dies.
+    ``env`` adds to the tests' environment."""
     eager = ["--dtype", "bfloat16", "--enforce-eager"]  # bf16 is what the CPU backend runs fastest; no torch.compile
     env = {"VLLM_CPU_KVCACHE_SPACE": "1"}  # 1 GiB of KV cache, so that it fits beside the other tests
     if not worker:
