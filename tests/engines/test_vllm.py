@@ -93,10 +93,11 @@ async def test_vllm_baseline_vs_draft_model_end_to_end(vllm_python: str, hf_mode
 KILL_CORE = """
 import os, signal, sys, time
 from pathlib import Path
-import pandas as pd
 port, pattern, more, results = sys.argv[1], sys.argv[2], int(sys.argv[3]), Path(sys.argv[4])
 folder = Path.home() / ".specsweep" / "logs"
 before = set(folder.glob(pattern))
+import pandas as pd
+print("watching", flush=True)  # the test starts its run only now: the server's log is a new one
 def served():  # in the log of the start made after this watcher began (each start logs to a new file)
     new = set(folder.glob(pattern)) - before
     return max((p.read_text(errors="replace").count('"POST /v1/completions HTTP/1.1" 200') for p in new), default=0)
@@ -145,6 +146,9 @@ async def test_engine_core_killed_during_a_level(vllm_python: str, hf_models: HF
     watcher = subprocess.Popen(["nice", "-n", "-15", sys.executable, "-c", KILL_CORE, str(port),
                                 f"{profile.name}-{port}-*.log", "3", str(results)],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert watcher.stdout is not None
+    while (line := watcher.stdout.readline()) != "watching\n":  # anything the interpreter warned about first
+        assert line, "the watcher exited before it began watching"
     try:
         async with ServerGroups(port) as groups:
             state = await benchmark_config(profile, return_state=True, benchmark=BenchmarkSettings(
