@@ -107,12 +107,21 @@ def c1_counted(files):  # a block of C=1 stored and counted (one the loaded mach
     except (FileNotFoundError, OSError, ValueError):
         return False
     return bool(((stored["concurrency"] == 1) & stored["disturbed"].isna()).any())
+def stamps():  # a block set aside, then counted after all (its client lag met again), is stored again in place
+    out = set()
+    for f in (results / "levels").glob("*/*.parquet"):
+        try:
+            st = f.stat()
+        except OSError:
+            continue
+        out.add((f, st.st_ino, st.st_mtime_ns))
+    return out
 seen = set()
-while True:  # the stored blocks are read only when a new file appears (they are written whole, then renamed)
-    files = set((results / "levels").glob("*/*.parquet"))
-    if files != seen and c1_counted(files):
+while True:  # stored blocks are read only when a file appears or is written again (written whole, then renamed)
+    now = stamps()
+    if now != seen and c1_counted([f for f, _, _ in now]):
         break
-    seen = files
+    seen = now
     time.sleep(0.02)
 starts = served() + more
 while served() < starts:
