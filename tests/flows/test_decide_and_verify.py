@@ -18,7 +18,7 @@ from specsweep.bench.config import SweepConfig, WorkloadConfig
 from specsweep.engines.sglang import baseline as sglang_baseline
 from specsweep.engines.sglang import eagle3 as sglang_eagle3
 from specsweep.errors import ConfigError
-from specsweep.parameters import BenchmarkSettings
+from specsweep.parameters import BenchmarkSettings, LifecycleOptions
 from specsweep.profiles import ServerProfile
 from specsweep.results.store import ResultsStore
 from tests.conftest import pids_with_marker
@@ -65,13 +65,15 @@ async def test_without_a_crossover_the_answer_is_decided_always_or_never(
 
 
 async def test_a_block_the_engine_stalls_is_set_aside_kept_and_measured_again(tmp_path: Path) -> None:
-    # The speculative engine stalls once for 1.5 s as its 30th request arrives: inside its second measured block
-    # (a start's 4 warm-up requests, then blocks of 1 warm-up and 12 measured).
+    # The speculative engine stalls once for 1.5 s as its 24th request arrives: the 6th measured request of its
+    # second block (a start's 4 warm-up requests, then blocks of 1 warm-up and 12 measured). The start's warm-up is
+    # held at 4: until its TTFT settles it took 16 once on the loaded suite, and the stall fell on a block's warm-up.
     port = free_port(span=2)
     base, _ = sim_pair(port, "tiny-fast")
-    _, spec = sim_pair(port, "tiny-fast", "--fault-engine-stall-after", "30", "--fault-engine-stall-s", "1.5")
+    _, spec = sim_pair(port, "tiny-fast", "--fault-engine-stall-after", "24", "--fault-engine-stall-s", "1.5")
     results = tmp_path / "results"
-    state = await compare_speculation(base, spec, benchmark=settings(results, [1]), return_state=True,
+    benchmark = settings(results, [1]).model_copy(update={"stages": LifecycleOptions(warm_up_requests=4)})
+    state = await compare_speculation(base, spec, benchmark=benchmark, return_state=True,
                                       decision=IN_TURN.model_copy(update={"min_blocks": 3}))
     comp = (await state.result()).comparison
     lv = comp.levels[0]
