@@ -28,6 +28,8 @@ START_ENV = "SPECSWEEP_START"
 
 #: Where server logs go by default: a directory of the SSH user's own (0700).
 DEFAULT_LOG_DIR = "~/.specsweep/logs"
+#: Where a start's private temporary folder goes (``private_tmp``), removed by the kill.
+DEFAULT_TMP_DIR = "~/.specsweep/tmp"
 
 # Command lines a cleanup pattern must not all match: a pattern that does takes every process.
 _UNRELATED_COMMANDS = ("x", "0", "sleep 1", "/usr/sbin/sshd -D", "-bash", "python3 train.py --epochs 3")
@@ -99,6 +101,12 @@ class ProfileParams(BaseModel):
         "{api_key} in argv also works, for an engine that only takes a flag (--api-key), but then every "
         "user of the host sees the key in ps.",
         pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+    )
+    private_tmp: bool = Field(
+        False, description="Give each start a temporary folder of its own (TMPDIR, in ~/.specsweep/tmp on the host, "
+        "private to the login) and remove it once the server is killed: for an engine that leaves files in /tmp "
+        "at every start (sockets, files it never removes; the presets of such an engine set it). A TMPDIR in env wins: "
+        "then nothing is created or removed.",
     )
     kill_grace_s: float = Field(10.0, ge=0, le=600, description="Time between SIGTERM and SIGKILL.")
     gpu_memory_free_mib: int = Field(
@@ -176,6 +184,20 @@ class ServerProfile(ProfileParams):
         sent again (its first answer lost) logs to its own file beside the first."""
         again = f"-{attempt}" if attempt > 1 else ""
         return f"{DEFAULT_LOG_DIR}/{self.name}-{self.port}-{token[:12]}{again}.log"
+
+    @property
+    def uses_private_tmp(self) -> bool:
+        """Each start gets a temporary folder of its own (``private_tmp``, and no TMPDIR of the profile's)."""
+        return self.private_tmp and "TMPDIR" not in self.env
+
+    def tmp_prefix(self) -> str:
+        """The start of the names of the private temporary folders of this port's starts (``private_tmp``)."""
+        return f"{self.port}-"
+
+    def tmp_dir(self, token: str) -> str | None:
+        """One start's private temporary folder on the host (``~/...``), or None where it gets none: its port and
+        its token, whichever attempt sent it. Short, since Unix socket paths in it are limited to 107 bytes."""
+        return f"{DEFAULT_TMP_DIR}/{self.tmp_prefix()}{token[:12]}" if self.uses_private_tmp else None
 
     def launch_argv(self) -> list[str]:
         """argv with placeholders filled in. Plain replacement, so JSON arguments keep their braces."""

@@ -71,9 +71,10 @@ class ProcessInfo:
 # here (the background child is not a group leader), so $! is the server's pid, its process
 # group id and its session id. It prints the pid and the log's path, and the CUDA_VISIBLE_DEVICES
 # the server was given (by the profile or the login's environment), which the GPU check after a
-# kill reads.
+# kill reads. A start given a private temporary folder (tmp: ~/.specsweep/tmp/NAME) creates it the same
+# way (0700, of the login, no link in the way) and gives it to the server as TMPDIR.
 _START_SCRIPT = r"""umask 077
-log=$1; cwd=$2; shift 2
+log=$1; cwd=$2; tmp=$3; shift 3
 environment=$(cat)
 case $environment in
   *"$_ENV_END") ;;
@@ -85,19 +86,36 @@ case $log in
   *) echo "$log is not in ~/.specsweep/logs" >&2; exit 96;;
 esac
 case ${log#"$HOME/.specsweep/logs/"} in */* | .* | "") echo "$log is not a plain name in ~/.specsweep/logs" >&2; exit 96;; esac
-for dir in "$HOME/.specsweep" "$HOME/.specsweep/logs"; do
-  if [ ! -e "$dir" ] && [ ! -L "$dir" ]; then mkdir -m 700 -- "$dir" || exit 97; fi
-  if [ -L "$dir" ] || [ ! -d "$dir" ]; then echo "$dir is a symbolic link or not a directory" >&2; exit 96; fi
-  if [ ! -O "$dir" ]; then echo "$dir belongs to another user" >&2; exit 96; fi
-  case $(stat -c %a -- "$dir") in
-    *[2367]? | *[2367]) echo "$dir is writable by other users" >&2; exit 96;;
+private_folder() {
+  if [ ! -e "$1" ] && [ ! -L "$1" ]; then mkdir -m 700 -- "$1" || exit 97; fi
+  if [ -L "$1" ] || [ ! -d "$1" ]; then echo "$1 is a symbolic link or not a directory" >&2; exit 96; fi
+  if [ ! -O "$1" ]; then echo "$1 belongs to another user" >&2; exit 96; fi
+  case $(stat -c %a -- "$1") in
+    *[2367]? | *[2367]) echo "$1 is writable by other users" >&2; exit 96;;
   esac
-done
+}
+private_folder "$HOME/.specsweep"
+private_folder "$HOME/.specsweep/logs"
+if [ -n "$tmp" ]; then
+  case $tmp in
+    "~/.specsweep/tmp/"*) tmp=$HOME/${tmp#"~/"};;
+    *) echo "$tmp is not in ~/.specsweep/tmp" >&2; exit 96;;
+  esac
+  case ${tmp#"$HOME/.specsweep/tmp/"} in */* | .* | "") echo "$tmp is not a plain name in ~/.specsweep/tmp" >&2; exit 96;; esac
+  if [ ${#tmp} -gt 70 ]; then
+    tmp=  # a socket's path in it (a UUID-named one: 37 more characters) would pass the 107 bytes Unix allows
+  else
+    private_folder "$HOME/.specsweep/tmp"
+    private_folder "$tmp"
+  fi
+fi
 ( set -C; : > "$log" ) 2>/dev/null || { echo "$log exists already (or is a link): a log is always a new file" >&2; exit 96; }
+if [ -n "$tmp" ]; then export TMPDIR="$tmp"; fi
 if [ -n "$cwd" ]; then cd -- "$cwd" || exit 98; fi
 setsid "$@" </dev/null >>"$log" 2>&1 &
 echo "$! $log"
 if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then printf 'CUDA_VISIBLE_DEVICES=%s\n' "$CUDA_VISIBLE_DEVICES"; fi
+if [ -n "$tmp" ]; then printf 'TMPDIR=%s\n' "$tmp"; fi
 """
 
 _ENV_END = ": end of the environment"
@@ -124,6 +142,8 @@ class Started:
     pid: int
     log_path: str
     cuda_visible_devices: str | None = None
+    #: The private temporary folder it was given as TMPDIR (None: none, or its path would be too long).
+    tmp_dir: str | None = None
 
 
 _READ_FROM_SCRIPT = r"""tail -c +"$1" -- "$2" 2>/dev/null | head -c "$3" """
@@ -138,6 +158,19 @@ _SS_PID = re.compile(r"pid=(\d+)")
 _WRITE_PRIVATE_SCRIPT = r"""umask 077; d="$HOME/.specsweep/files"; mkdir -p -- "$d" && [ ! -L "$d" ] && \
 chmod 700 -- "$d" && cat > "$d/.$1.tmp" && mv -f -- "$d/.$1.tmp" "$d/$1" && printf '%s' "$d/$1" """
 _FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")
+
+#: Removes the login's private temporary folders ~/.specsweep/tmp/PREFIX<token>, whose start no live process
+#: carries any more (SPECSWEEP_START=<token>... in its environment), and prints each one removed.
+_REMOVE_STALE_TMP_SCRIPT = r"""d="$HOME/.specsweep/tmp"; [ -d "$d" ] && [ ! -L "$d" ] || exit 0
+for t in "$d/$1"*; do
+  [ -d "$t" ] && [ ! -L "$t" ] && [ -O "$t" ] || continue
+  tok=${t#"$d/$1"}
+  case $tok in *[!0-9a-f]* | "") continue;; esac
+  [ ${#tok} -eq 12 ] || continue
+  if grep -qsaz -e "^SPECSWEEP_START=$tok" /proc/[0-9]*/environ; then continue; fi
+  rm -rf -- "$t" && printf '%s\n' "$t"
+done
+exit 0"""
 
 
 class Host(ABC):
@@ -210,29 +243,32 @@ class Host(ABC):
         log_path: str,
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
+        tmp_dir: str | None = None,
     ) -> Started:
         """Start ``argv`` in a new session, detached from this connection: its pid, log path and the
         CUDA_VISIBLE_DEVICES it was given.
 
         The pid is also the process group id. The log file (in a directory private to the login
         user) is truncated first; stdout and stderr go to it. The environment travels on stdin,
-        never on a command line. The process survives the end of the SSH connection.
+        never on a command line. The process survives the end of the SSH connection. ``tmp_dir``
+        (``~/.specsweep/tmp/NAME``), when given, is created private and becomes the server's TMPDIR.
 
         Sent at most once: ``CommandNotSentError`` when it was not sent (safe to send again),
         ``CommandOutcomeUnknown`` when its answer was lost (it may have started a server).
         """
         if not argv:
             raise ServerStartError("nothing to start: the launch argv is empty")
-        script = ["sh", "-c", _START_SCRIPT, "sh", log_path, cwd or "", *argv]
+        script = ["sh", "-c", _START_SCRIPT, "sh", log_path, cwd or "", tmp_dir or "", *argv]
         result = self.run(script, timeout=START_COMMAND_TIMEOUT_S, retry=False, input=env_script(env or {}))
         if result.exit_code == 95:
             raise ServerStartError(f"the server's environment did not reach {self.label} whole "
                                    f"({result.stderr.strip()}): nothing was started")
         if result.exit_code == 96:
             raise ServerStartError(
-                f"the server log {log_path!r} on {self.label} is not private: {result.stderr.strip()}. Logs go to "
-                "~/.specsweep/logs of the SSH user, a folder of its own (not a symbolic link, writable by nobody "
-                "else): fix or remove that folder on the host."
+                f"the server log {log_path!r} (or its temporary folder) on {self.label} is not private: "
+                f"{result.stderr.strip()}. Logs go to ~/.specsweep/logs of the SSH user, temporary folders to "
+                "~/.specsweep/tmp, folders of its own (not symbolic links, writable by nobody else): fix or remove "
+                "that folder on the host."
             )
         if result.exit_code == 97:
             raise ServerStartError(
@@ -251,9 +287,8 @@ class Host(ABC):
                 f"launching the server on {self.label} failed (exit {result.exit_code}): "
                 f"{result.stderr.strip() or result.stdout.strip()}"
             )
-        cuda = rest.rstrip("\n").removeprefix("CUDA_VISIBLE_DEVICES=") if rest.startswith("CUDA_VISIBLE_DEVICES=") \
-            else None
-        return Started(int(pid), path or log_path, cuda)
+        said = dict(line.partition("=")[::2] for line in rest.splitlines() if "=" in line)
+        return Started(int(pid), path or log_path, said.get("CUDA_VISIBLE_DEVICES"), said.get("TMPDIR"))
 
     # kill is the kill program (env finds it), not the login shell's builtin: dash's refuses "--" and
     # a negative pid, so on a host whose login shell is sh every signal would be lost.
@@ -332,6 +367,14 @@ class Host(ABC):
             raise ValueError(f"file name {name!r}: use letters, digits, '.', '_' and '-'")
         result = self._raise_for(self.run(["sh", "-c", _WRITE_PRIVATE_SCRIPT, "sh", name], timeout=60, input=data))
         return result.stdout.strip()
+
+    def remove_stale_tmp_dirs(self, prefix: str) -> list[str]:
+        """Remove the private temporary folders (``~/.specsweep/tmp/<prefix><token>``) of starts whose processes
+        are all gone, and return their paths. A folder a live process's start still uses is left alone."""
+        if not _FILE_NAME.fullmatch(prefix):
+            raise ValueError(f"temporary folder prefix {prefix!r} is not a plain name")
+        result = self._raise_for(self.run(["sh", "-c", _REMOVE_STALE_TMP_SCRIPT, "sh", prefix], timeout=60))
+        return [line for line in result.stdout.splitlines() if line]
 
     def tail(self, path: str, lines: int = 40) -> str:
         """The last lines of a file, or an empty string when it cannot be read."""

@@ -94,14 +94,18 @@ class KillReport(BaseModel):
     duration_s: float
     port_free: bool
     gpu_memory_used_mib: list[int] | None = Field(None, description="Per GPU after the kill; None without nvidia-smi.")
+    removed_tmp_dirs: list[str] = Field(default_factory=list, description="Private temporary folders (private_tmp) "
+                                        "of the killed server, and of earlier starts for this port, removed.")
 
     def summary(self) -> str:
+        removed = f"; removed {len(self.removed_tmp_dirs)} temporary folder(s)" if self.removed_tmp_dirs else ""
         if not self.killed:
             held = "" if self.port_free else "; the port is held by another program"
-            return f"nothing was running for port {self.port} on {self.host} ({self.duration_s:.2f} s){held}"
+            return f"nothing was running for port {self.port} on {self.host} ({self.duration_s:.2f} s){held}{removed}"
         forced = sum(1 for k in self.killed if k.signal == "SIGKILL")
         extra = f", {forced} needed SIGKILL" if forced else ""
-        return f"killed {len(self.killed)} process(es) on {self.host} in {self.duration_s:.2f} s{extra}; port {self.port} free"
+        return (f"killed {len(self.killed)} process(es) on {self.host} in {self.duration_s:.2f} s{extra}; "
+                f"port {self.port} free{removed}")
 
 
 def _mask_cmdline(args: str, redact: Redactor) -> str:
@@ -304,6 +308,7 @@ def _kill(host: Host, profile: ServerProfile, found: dict[int, str], procs: dict
                 f"{sum(held.values())} MiB of GPU memory after {profile.gpu_memory_timeout_s:.0f} s (limit "
                 f"{profile.gpu_memory_free_mib} MiB): look at them with nvidia-smi.")
     gpu = gpus.memory_used(host, visible) if found else None
+    removed = _remove_tmp_dirs(host, profile, log)
 
     report = KillReport(
         host=host.label,
@@ -312,9 +317,24 @@ def _kill(host: Host, profile: ServerProfile, found: dict[int, str], procs: dict
         duration_s=time.monotonic() - start,
         port_free=port_free,
         gpu_memory_used_mib=gpu,
+        removed_tmp_dirs=removed,
     )
     log.info("%s", report.summary())
     return report
+
+
+def _remove_tmp_dirs(host: Host, profile: ServerProfile, log: Logger) -> list[str]:
+    """Once its processes are gone, a start's private temporary folder goes too (``private_tmp``), with any an
+    earlier start for this port left (a server that crashed, a worker that died). A folder that a live process's
+    start still uses stays. Not removing one is worth a warning, not a failed kill."""
+    if not profile.uses_private_tmp:
+        return []
+    try:
+        return host.remove_stale_tmp_dirs(profile.tmp_prefix())
+    except HostError as exc:
+        log.warning("the temporary folders of %s in ~/.specsweep/tmp on %s were not removed (%s): remove %s* by hand",
+                    profile.name, host.label, exc, profile.tmp_prefix())
+        return []
 
 
 def _take_port(host: Host, profile: ServerProfile, log: Logger, redact: Redactor) -> None:
@@ -390,7 +410,7 @@ def start_server(
         try:
             started = host.start_detached(
                 profile.launch_argv(), log_path=profile.log_file(token, attempt), env=profile.launch_env(token),
-                cwd=profile.cwd,
+                cwd=profile.cwd, tmp_dir=profile.tmp_dir(token),
             )
             break
         except CommandNotSentError as exc:
@@ -429,6 +449,11 @@ def start_server(
         cuda_visible_devices=started.cuda_visible_devices,
     )
     log.info("server %s started: pid %d, log %s", profile.name, started.pid, handle.log_path)
+    if profile.uses_private_tmp and not started.tmp_dir:
+        log.warning("%s got no temporary folder of its own on %s: the path in the login's ~/.specsweep/tmp would be "
+                    "too long for the Unix sockets an engine makes there. What it leaves in the temporary folder "
+                    "stays; set TMPDIR in the profile's env to a short folder of the login's to keep it apart.",
+                    profile.name, host.label)
     return handle
 
 

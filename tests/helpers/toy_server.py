@@ -2,8 +2,8 @@
 
 It listens only after --listen-after seconds, answers /health with 503 during --warmup
 seconds and 200 (empty body) after, can crash during startup, ignore SIGTERM, leave a
-grandchild in a session of its own, and record its argv so tests can check how
-arguments arrived.
+grandchild in a session of its own, leave a socket and a file in its temporary folder (as
+vLLM does at every start), and record its argv so tests can check how arguments arrived.
 """
 
 from __future__ import annotations
@@ -12,9 +12,12 @@ import argparse
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -32,12 +35,21 @@ def main() -> None:
     ap.add_argument("--api-key", default=None)
     ap.add_argument("--print-env", default=None, metavar="VAR",
                     help="print VAR=value at start (as servers that echo their config)")
+    ap.add_argument("--leave-tmp-files", action="store_true",
+                    help="bind a Unix socket and write a file in the temporary folder, never removed (as vLLM's "
+                    "ZeroMQ sockets and vllm_dist_ files)")
     ap.add_argument("rest", nargs="*")
     args = ap.parse_args()
 
     print(f"toy server pid {os.getpid()} starting: {' '.join(sys.argv)}", flush=True)
     if args.print_env:
         print(f"{args.print_env}={os.environ.get(args.print_env, '')}", flush=True)
+    if args.leave_tmp_files:
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(os.path.join(tempfile.gettempdir(), str(uuid.uuid4())))
+        with open(os.path.join(tempfile.gettempdir(), f"toy_dist_{uuid.uuid4().hex}"), "w") as f:
+            f.write("x")
+        print(f"tmp files: {sock.getsockname()} {f.name}", flush=True)
     if args.argv_file:
         with open(args.argv_file, "w") as f:
             json.dump({"argv": sys.argv, "env_marker": os.environ.get("SPECSWEEP_SERVER_PORT")}, f)

@@ -74,17 +74,30 @@ def _members(groups: set[int]) -> list[tuple[int, str]]:
 class ServerGroups:
     """Watches, while a test's runs go on, the process groups of the vLLM servers on its ports; afterwards
     ``alive()`` lists every process still in one of them, and ``titles`` holds the titles vLLM gave the processes
-    it started (``VLLM::EngineCore``, ``VLLM::Worker``). Tests on other ports (other workers) are never seen."""
+    it started (``VLLM::EngineCore``, ``VLLM::Worker``), ``tmp`` what their temporary folders (TMPDIR) held. Tests
+    on other ports (other workers) are never seen."""
 
     def __init__(self, *ports: int) -> None:
         self.ports = ports
         self.seen: set[int] = set()
         self.titles: set[str] = set()
+        self.tmp: dict[Path, set[str]] = {}
         self._task: asyncio.Task[None] | None = None
 
     def _look(self) -> None:
         self.seen |= _server_groups(self.ports)
-        self.titles |= {cmd.strip() for _, cmd in _members(self.seen) if cmd.startswith("VLLM::")}
+        members = _members(self.seen)
+        self.titles |= {cmd.strip() for _, cmd in members if cmd.startswith("VLLM::")}
+        for pid, _ in members:
+            try:
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            for folder in (Path(v.decode().removeprefix("TMPDIR=")) for v in env if v.startswith(b"TMPDIR=")):
+                try:
+                    self.tmp.setdefault(folder, set()).update(os.listdir(folder))
+                except OSError:
+                    self.tmp.setdefault(folder, set())
 
     async def _watch(self) -> None:
         while True:

@@ -183,7 +183,7 @@ def test_reconnects_once_when_the_transport_drops(ssh_host_config: HostConfig, c
 
 async def test_lifecycle_over_ssh(ssh_host_config: HostConfig, tmp_path: Path) -> None:
     profile = toy_profile(tmp_path, "--listen-after", "0.2", "--warmup", "0.3", "--spawn-grandchild",
-                          "--api-key", "sk-over-ssh-123456")
+                          "--api-key", "sk-over-ssh-123456", "--leave-tmp-files", private_tmp=True)
     with open_host(ssh_host_config) as host:
         handle = start_server(host, profile)
         assert handle.host.endswith(f":{ssh_host_config.ssh.port}")  # type: ignore[union-attr]
@@ -192,9 +192,15 @@ async def test_lifecycle_over_ssh(ssh_host_config: HostConfig, tmp_path: Path) -
         assert report.ready
         assert lines and all("sk-over-ssh-123456" not in line for line in lines)
         assert any("***" in line for line in lines)
+        # What it left in its temporary folder is in the SSH login's ~/.specsweep/tmp, and goes with the kill.
+        left = [Path(p) for p in host.tail(handle.log_path, 50).split("tmp files: ", 1)[1].split("\n")[0].split()]
+        own = left[0].parent
+        assert own.parent.parent == Path(host.run(["sh", "-c", "echo $HOME"]).stdout.strip()) / ".specsweep"
+        assert own.name == f"{profile.port}-{handle.token[:12]}" and all(p.exists() for p in left)
         kill = kill_server(host, profile, handle)
     assert len(kill.killed) >= 3 and kill.port_free
     assert pids_alive([k.pid for k in kill.killed]) == []
+    assert kill.removed_tmp_dirs == [str(own)] and not own.exists()
 
 
 async def test_server_survives_the_ssh_connection(ssh_host_config: HostConfig, tmp_path: Path) -> None:

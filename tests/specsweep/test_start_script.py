@@ -4,8 +4,10 @@ whose input was cut short starts nothing."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -50,7 +52,7 @@ async def test_api_key_and_secret_env_are_not_on_any_command_line(host: LocalHos
 def test_a_start_whose_environment_was_cut_short_starts_nothing(host: LocalHost, tmp_path: Path) -> None:
     marker = "ssw-cut-short-7781"
     env = env_script({"SOME_SETTING": "x" * 100, "SPECSWEEP_SERVER_PORT": marker})
-    argv = ["sh", "-c", _START_SCRIPT, "sh", f"~/.specsweep/logs/cut-short-{os.getpid()}.log", "", "sleep", "300"]
+    argv = ["sh", "-c", _START_SCRIPT, "sh", f"~/.specsweep/logs/cut-short-{os.getpid()}.log", "", "", "sleep", "300"]
     result = host.run(argv, input=env[: len(env) - 12])
     assert result.exit_code == 95 and "did not arrive whole" in result.stderr
     time.sleep(0.2)
@@ -131,3 +133,89 @@ def test_a_log_folder_that_is_not_private_or_a_planted_log_is_refused(
     assert "is not private" in str(err.value) and "~/.specsweep/logs" in str(err.value)
     assert bashrc.read_text() == "# the user's own\n" and sorted(p.name for p in target.iterdir()) == [".bashrc"]
     assert not host.port_listening(profile.port)
+
+
+def tmp_files(log_path: str) -> list[Path]:
+    """The socket and the file the toy server left in its temporary folder (--leave-tmp-files)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        for line in Path(log_path).read_text().splitlines():
+            if line.startswith("tmp files: "):
+                return [Path(p) for p in line.removeprefix("tmp files: ").split()]
+        time.sleep(0.05)
+    raise AssertionError(f"the toy server never said where it left its files: {Path(log_path).read_text()}")
+
+
+async def test_a_start_leaves_its_temporary_files_in_a_folder_of_its_own_which_the_kill_removes(
+        host: LocalHost, make_toy: MakeToy, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    # The start script's login home: short, as homes are (a socket's path has at most 107 bytes).
+    home = Path(tempfile.mkdtemp(prefix="home-", dir="/tmp"))
+    request.addfinalizer(lambda: shutil.rmtree(home, ignore_errors=True))
+    monkeypatch.setenv("HOME", str(home))
+    profile = make_toy("--leave-tmp-files", name="private-tmp", private_tmp=True)
+    folders = home / ".specsweep" / "tmp"
+    folders.mkdir(parents=True, mode=0o700)
+    # An earlier start for this port whose server died without a kill (its folder stayed), and a folder whose
+    # start still has a live process: the kill removes the first and keeps the second.
+    crashed = folders / f"{profile.tmp_prefix()}{'c' * 12}"
+    crashed.mkdir()
+    (crashed / "left-by-a-crash").write_text("x")
+    live_token = "d" * 24
+    live = folders / f"{profile.tmp_prefix()}{live_token[:12]}"
+    live.mkdir()
+    sleeper = subprocess.Popen(["sleep", "60"], env={**os.environ, "SPECSWEEP_START": live_token})
+    handle = start_server(host, profile)
+    try:
+        await wait_ready(host, profile, handle)
+        own = Path(profile.tmp_dir(handle.token).replace("~", str(home), 1))  # type: ignore[union-attr]
+        assert own.parent == folders and handle.token[:12] in own.name
+        assert stat.S_IMODE(own.stat().st_mode) == 0o700
+        left = tmp_files(handle.log_path)
+        assert [p.parent for p in left] == [own, own] and all(p.exists() for p in left)
+        assert stat.S_ISSOCK(left[0].stat().st_mode)
+        report = kill_server(host, profile, handle)
+        assert sorted(report.removed_tmp_dirs) == sorted([str(own), str(crashed)])
+        assert "removed 2 temporary folder(s)" in report.summary()
+        assert not own.exists() and not crashed.exists()
+        assert live.is_dir()  # its start still runs
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        kill_server(host, profile, handle)
+
+
+async def test_a_profile_that_sets_tmpdir_keeps_its_own_folder(host: LocalHost, make_toy: MakeToy,
+                                                               tmp_path: Path) -> None:
+    mine = tmp_path / "my-tmp"
+    mine.mkdir()
+    profile = make_toy("--leave-tmp-files", name="own-tmp", private_tmp=True, env={"TMPDIR": str(mine)})
+    assert profile.tmp_dir("a" * 24) is None
+    handle = start_server(host, profile)
+    try:
+        await wait_ready(host, profile, handle)
+        left = tmp_files(handle.log_path)
+        assert [p.parent for p in left] == [mine, mine]
+    finally:
+        report = kill_server(host, profile, handle)
+    assert report.removed_tmp_dirs == [] and all(p.exists() for p in left)  # the profile's folder is its own
+
+
+async def test_a_home_too_long_for_socket_paths_starts_the_server_with_the_usual_tmpdir(
+        host: LocalHost, make_toy: MakeToy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    home = tmp_path / ("h" * 60)
+    home.mkdir(mode=0o700)
+    monkeypatch.setenv("HOME", str(home))
+    usual = tmp_path / "usual"
+    usual.mkdir()
+    monkeypatch.setenv("TMPDIR", str(usual))  # the login's own
+    profile = make_toy("--leave-tmp-files", name="long-home", private_tmp=True)
+    with caplog.at_level("WARNING"):
+        handle = start_server(host, profile)
+    try:
+        await wait_ready(host, profile, handle)  # a socket in ~/.specsweep/tmp/... could not have been bound
+        assert [p.parent for p in tmp_files(handle.log_path)] == [usual, usual]
+        assert any("no temporary folder of its own" in m for m in caplog.messages)
+        assert not (home / ".specsweep" / "tmp").exists()
+    finally:
+        kill_server(host, profile, handle)
