@@ -12,7 +12,16 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from specsweep import bounded_regex
 from specsweep.errors import ConfigError
@@ -28,7 +37,7 @@ START_ENV = "SPECSWEEP_START"
 
 #: Where server logs go by default: a directory of the SSH user's own (0700).
 DEFAULT_LOG_DIR = "~/.specsweep/logs"
-#: Where a start's private temporary folder goes (``private_tmp``), removed by the kill.
+#: Where a start's private temporary folder goes (``private_tmp_env``), removed by the kill.
 DEFAULT_TMP_DIR = "~/.specsweep/tmp"
 
 # Command lines a cleanup pattern must not all match: a pattern that does takes every process.
@@ -102,11 +111,14 @@ class ProfileParams(BaseModel):
         "user of the host sees the key in ps.",
         pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
     )
-    private_tmp: bool = Field(
-        False, description="Give each start a temporary folder of its own (TMPDIR, in ~/.specsweep/tmp on the host, "
-        "private to the login) and remove it once the server is killed: for an engine that leaves files in /tmp "
-        "at every start (sockets, files it never removes; the presets of such an engine set it). A TMPDIR in env wins: "
-        "then nothing is created or removed.",
+    private_tmp_env: list[str] = Field(
+        default_factory=list,
+        description="Environment variables each start points at a temporary folder of its own "
+        "(~/.specsweep/tmp/<port>-<start token> on the host, private to the login), removed once the server is "
+        "killed: for an engine that leaves sockets or files there at every start and never removes them (the "
+        "presets of such an engine name its variable). TMPDIR moves everything the server puts in the temporary "
+        "folder, including what an engine shares between its processes there (download locks, caches).",
+        max_length=8,
     )
     kill_grace_s: float = Field(10.0, ge=0, le=600, description="Time between SIGTERM and SIGKILL.")
     gpu_memory_free_mib: int = Field(
@@ -136,6 +148,18 @@ class ProfileParams(BaseModel):
             if key in (MARKER_ENV, START_ENV):
                 raise ValueError(f"{key} is set by specsweep itself")
         return env
+
+    @field_validator("private_tmp_env")
+    @classmethod
+    def _private_tmp_env(cls, names: list[str], info: ValidationInfo) -> list[str]:
+        import re
+
+        for name in names:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"environment variable name {name!r} is not valid: use letters, digits and _")
+            if name in (MARKER_ENV, START_ENV) or name in (info.data.get("env") or {}):
+                raise ValueError(f"{name} is also set in env (or by specsweep): name it in one place only")
+        return names
 
     @field_validator("cleanup_patterns")
     @classmethod
@@ -185,19 +209,10 @@ class ServerProfile(ProfileParams):
         again = f"-{attempt}" if attempt > 1 else ""
         return f"{DEFAULT_LOG_DIR}/{self.name}-{self.port}-{token[:12]}{again}.log"
 
-    @property
-    def uses_private_tmp(self) -> bool:
-        """Each start gets a temporary folder of its own (``private_tmp``, and no TMPDIR of the profile's)."""
-        return self.private_tmp and "TMPDIR" not in self.env
-
-    def tmp_prefix(self) -> str:
-        """The start of the names of the private temporary folders of this port's starts (``private_tmp``)."""
-        return f"{self.port}-"
-
     def tmp_dir(self, token: str) -> str | None:
-        """One start's private temporary folder on the host (``~/...``), or None where it gets none: its port and
-        its token, whichever attempt sent it. Short, since Unix socket paths in it are limited to 107 bytes."""
-        return f"{DEFAULT_TMP_DIR}/{self.tmp_prefix()}{token[:12]}" if self.uses_private_tmp else None
+        """One start's private temporary folder on the host (``~/...``; ``private_tmp_env``), or None where it gets
+        none: its port and its token, whichever attempt sent it. Short: a Unix socket's path has at most 107 bytes."""
+        return f"{DEFAULT_TMP_DIR}/{self.port}-{token[:12]}" if self.private_tmp_env else None
 
     def launch_argv(self) -> list[str]:
         """argv with placeholders filled in. Plain replacement, so JSON arguments keep their braces."""

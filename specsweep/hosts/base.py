@@ -71,10 +71,12 @@ class ProcessInfo:
 # here (the background child is not a group leader), so $! is the server's pid, its process
 # group id and its session id. It prints the pid and the log's path, and the CUDA_VISIBLE_DEVICES
 # the server was given (by the profile or the login's environment), which the GPU check after a
-# kill reads. A start given a private temporary folder (tmp: ~/.specsweep/tmp/NAME) creates it the same
-# way (0700, of the login, no link in the way) and gives it to the server as TMPDIR.
+# kill reads. A start given a private temporary folder (~/.specsweep/tmp/NAME, and the names of the
+# variables to point at it) creates it the same way (0700, of the login, no link in the way) once
+# nothing else can fail, exports each variable as its path and prints it; where a Unix socket's path
+# in it (a UUID name: 37 more bytes) would pass the 107 bytes allowed, it makes none.
 _START_SCRIPT = r"""umask 077
-log=$1; cwd=$2; tmp=$3; shift 3
+log=$1; cwd=$2; tmp=$3; tmpvars=$4; shift 4
 environment=$(cat)
 case $environment in
   *"$_ENV_END") ;;
@@ -86,6 +88,13 @@ case $log in
   *) echo "$log is not in ~/.specsweep/logs" >&2; exit 96;;
 esac
 case ${log#"$HOME/.specsweep/logs/"} in */* | .* | "") echo "$log is not a plain name in ~/.specsweep/logs" >&2; exit 96;; esac
+if [ -n "$tmp" ]; then
+  case $tmp in
+    "~/.specsweep/tmp/"*) tmp=$HOME/${tmp#"~/"};;
+    *) echo "$tmp is not in ~/.specsweep/tmp" >&2; exit 96;;
+  esac
+  case ${tmp#"$HOME/.specsweep/tmp/"} in */* | .* | "") echo "$tmp is not a plain name in ~/.specsweep/tmp" >&2; exit 96;; esac
+fi
 private_folder() {
   if [ ! -e "$1" ] && [ ! -L "$1" ]; then mkdir -m 700 -- "$1" || exit 97; fi
   if [ -L "$1" ] || [ ! -d "$1" ]; then echo "$1 is a symbolic link or not a directory" >&2; exit 96; fi
@@ -96,26 +105,19 @@ private_folder() {
 }
 private_folder "$HOME/.specsweep"
 private_folder "$HOME/.specsweep/logs"
-if [ -n "$tmp" ]; then
-  case $tmp in
-    "~/.specsweep/tmp/"*) tmp=$HOME/${tmp#"~/"};;
-    *) echo "$tmp is not in ~/.specsweep/tmp" >&2; exit 96;;
-  esac
-  case ${tmp#"$HOME/.specsweep/tmp/"} in */* | .* | "") echo "$tmp is not a plain name in ~/.specsweep/tmp" >&2; exit 96;; esac
-  if [ ${#tmp} -gt 70 ]; then
-    tmp=  # a socket's path in it (a UUID-named one: 37 more characters) would pass the 107 bytes Unix allows
-  else
-    private_folder "$HOME/.specsweep/tmp"
-    private_folder "$tmp"
-  fi
-fi
 ( set -C; : > "$log" ) 2>/dev/null || { echo "$log exists already (or is a link): a log is always a new file" >&2; exit 96; }
-if [ -n "$tmp" ]; then export TMPDIR="$tmp"; fi
 if [ -n "$cwd" ]; then cd -- "$cwd" || exit 98; fi
+if [ -n "$tmp" ] && [ "$(printf %s "$tmp" | LC_ALL=C wc -c)" -le 70 ]; then
+  private_folder "$HOME/.specsweep/tmp"
+  private_folder "$tmp"
+  for name in $tmpvars; do export "$name=$tmp"; done
+else
+  tmp=
+fi
 setsid "$@" </dev/null >>"$log" 2>&1 &
 echo "$! $log"
 if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then printf 'CUDA_VISIBLE_DEVICES=%s\n' "$CUDA_VISIBLE_DEVICES"; fi
-if [ -n "$tmp" ]; then printf 'TMPDIR=%s\n' "$tmp"; fi
+if [ -n "$tmp" ]; then printf 'PRIVATE_TMP=%s\n' "$tmp"; fi
 """
 
 _ENV_END = ": end of the environment"
@@ -142,7 +144,7 @@ class Started:
     pid: int
     log_path: str
     cuda_visible_devices: str | None = None
-    #: The private temporary folder it was given as TMPDIR (None: none, or its path would be too long).
+    #: Its private temporary folder (None: none asked for, or a socket's path in it would be too long).
     tmp_dir: str | None = None
 
 
@@ -159,16 +161,27 @@ _WRITE_PRIVATE_SCRIPT = r"""umask 077; d="$HOME/.specsweep/files"; mkdir -p -- "
 chmod 700 -- "$d" && cat > "$d/.$1.tmp" && mv -f -- "$d/.$1.tmp" "$d/$1" && printf '%s' "$d/$1" """
 _FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")
 
-#: Removes the login's private temporary folders ~/.specsweep/tmp/PREFIX<token>, whose start no live process
-#: carries any more (SPECSWEEP_START=<token>... in its environment), and prints each one removed.
-_REMOVE_STALE_TMP_SCRIPT = r"""d="$HOME/.specsweep/tmp"; [ -d "$d" ] && [ ! -L "$d" ] || exit 0
-for t in "$d/$1"*; do
+#: Removes the login's private temporary folders ~/.specsweep/tmp/<port>-<token> whose start no live process
+#: carries any more (SPECSWEEP_START=<token>... in its environment) and prints each one removed; a folder of another
+#: start ($1 is the kill's own token) younger than 2 minutes stays too (its start may not have exec'd yet). Fails
+#: closed: where the processes' environments cannot be read, nothing is removed. (A process that rewrites its own
+#: environment, as a retitled engine worker does, shows no token: its start's folder is protected by the others.)
+_REMOVE_STALE_TMP_SCRIPT = r"""d="$HOME/.specsweep/tmp"; [ -d "$d" ] && [ ! -L "$d" ] && [ -O "$d" ] || exit 0
+printf 'SPECSWEEP_START=0\0' | grep -qaz '^SPECSWEEP_START=0' || {
+  echo "grep here cannot read process environments (-a, -z): nothing removed" >&2; exit 0; }
+live=$({ grep -hsaoz '^SPECSWEEP_START=[0-9a-f]*' /proc/[0-9]*/environ; echo "rc=$?"; } | tr '\0' ' ')
+case $live in *rc=[012]) ;; *) echo "the processes' environments could not be read: nothing removed" >&2; exit 0;; esac
+live=" $live"
+for t in "$d"/*; do
   [ -d "$t" ] && [ ! -L "$t" ] && [ -O "$t" ] || continue
-  tok=${t#"$d/$1"}
-  case $tok in *[!0-9a-f]* | "") continue;; esac
+  name=${t#"$d/"}; port=${name%%-*}; tok=${name#*-}
+  case $port in "" | *[!0-9]*) continue;; esac
+  case $tok in "" | *[!0-9a-f]*) continue;; esac
   [ ${#tok} -eq 12 ] || continue
-  if grep -qsaz -e "^SPECSWEEP_START=$tok" /proc/[0-9]*/environ; then continue; fi
-  rm -rf -- "$t" && printf '%s\n' "$t"
+  case $live in *" SPECSWEEP_START=$tok"*) continue;; esac
+  if [ "$tok" != "$1" ] && [ -z "$(find "$t" -maxdepth 0 -mmin +2)" ]; then continue; fi
+  chmod -R u+w -- "$t" 2>/dev/null
+  if rm -rf -- "$t" 2>/dev/null && [ ! -e "$t" ]; then printf '%s\n' "$t"; else echo "could not remove $t" >&2; fi
 done
 exit 0"""
 
@@ -244,6 +257,7 @@ class Host(ABC):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         tmp_dir: str | None = None,
+        tmp_env: Sequence[str] = (),
     ) -> Started:
         """Start ``argv`` in a new session, detached from this connection: its pid, log path and the
         CUDA_VISIBLE_DEVICES it was given.
@@ -251,14 +265,17 @@ class Host(ABC):
         The pid is also the process group id. The log file (in a directory private to the login
         user) is truncated first; stdout and stderr go to it. The environment travels on stdin,
         never on a command line. The process survives the end of the SSH connection. ``tmp_dir``
-        (``~/.specsweep/tmp/NAME``), when given, is created private and becomes the server's TMPDIR.
+        (``~/.specsweep/tmp/NAME``), when given, is created private and each variable of ``tmp_env`` names it.
 
         Sent at most once: ``CommandNotSentError`` when it was not sent (safe to send again),
         ``CommandOutcomeUnknown`` when its answer was lost (it may have started a server).
         """
         if not argv:
             raise ServerStartError("nothing to start: the launch argv is empty")
-        script = ["sh", "-c", _START_SCRIPT, "sh", log_path, cwd or "", tmp_dir or "", *argv]
+        for name in tmp_env:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ServerStartError(f"environment variable name {name!r} is not valid: use letters, digits and _")
+        script = ["sh", "-c", _START_SCRIPT, "sh", log_path, cwd or "", tmp_dir or "", " ".join(tmp_env), *argv]
         result = self.run(script, timeout=START_COMMAND_TIMEOUT_S, retry=False, input=env_script(env or {}))
         if result.exit_code == 95:
             raise ServerStartError(f"the server's environment did not reach {self.label} whole "
@@ -272,8 +289,8 @@ class Host(ABC):
             )
         if result.exit_code == 97:
             raise ServerStartError(
-                f"cannot write the server log {log_path!r} on {self.label}: {result.stderr.strip()}. "
-                "Make ~/.specsweep/logs writable for the SSH user."
+                f"cannot write the server log {log_path!r} (or create its temporary folder) on {self.label}: "
+                f"{result.stderr.strip()}. Make ~/.specsweep/logs (and ~/.specsweep/tmp) writable for the SSH user."
             )
         if result.exit_code == 98:
             raise ServerStartError(
@@ -287,8 +304,8 @@ class Host(ABC):
                 f"launching the server on {self.label} failed (exit {result.exit_code}): "
                 f"{result.stderr.strip() or result.stdout.strip()}"
             )
-        said = dict(line.partition("=")[::2] for line in rest.splitlines() if "=" in line)
-        return Started(int(pid), path or log_path, said.get("CUDA_VISIBLE_DEVICES"), said.get("TMPDIR"))
+        said = dict(line.partition("=")[::2] for line in rest.split("\n") if "=" in line)
+        return Started(int(pid), path or log_path, said.get("CUDA_VISIBLE_DEVICES"), said.get("PRIVATE_TMP"))
 
     # kill is the kill program (env finds it), not the login shell's builtin: dash's refuses "--" and
     # a negative pid, so on a host whose login shell is sh every signal would be lost.
@@ -368,13 +385,14 @@ class Host(ABC):
         result = self._raise_for(self.run(["sh", "-c", _WRITE_PRIVATE_SCRIPT, "sh", name], timeout=60, input=data))
         return result.stdout.strip()
 
-    def remove_stale_tmp_dirs(self, prefix: str) -> list[str]:
-        """Remove the private temporary folders (``~/.specsweep/tmp/<prefix><token>``) of starts whose processes
-        are all gone, and return their paths. A folder a live process's start still uses is left alone."""
-        if not _FILE_NAME.fullmatch(prefix):
-            raise ValueError(f"temporary folder prefix {prefix!r} is not a plain name")
-        result = self._raise_for(self.run(["sh", "-c", _REMOVE_STALE_TMP_SCRIPT, "sh", prefix], timeout=60))
-        return [line for line in result.stdout.splitlines() if line]
+    def remove_stale_tmp_dirs(self, token: str = "") -> tuple[list[str], str]:
+        """Remove the private temporary folders (``~/.specsweep/tmp/<port>-<token>``) of starts whose processes are
+        all gone: that of the start ``token`` at once, others' once 2 minutes old. Returns the paths removed and what
+        went wrong (empty when nothing did); a folder a live process's start still uses is left alone."""
+        if token and not re.fullmatch(r"[0-9a-f]+", token):
+            raise ValueError(f"start token {token!r} is not hexadecimal")
+        result = self._raise_for(self.run(["sh", "-c", _REMOVE_STALE_TMP_SCRIPT, "sh", token[:12]], timeout=60))
+        return [line for line in result.stdout.split("\n") if line], result.stderr.strip()
 
     def tail(self, path: str, lines: int = 40) -> str:
         """The last lines of a file, or an empty string when it cannot be read."""

@@ -94,8 +94,8 @@ class KillReport(BaseModel):
     duration_s: float
     port_free: bool
     gpu_memory_used_mib: list[int] | None = Field(None, description="Per GPU after the kill; None without nvidia-smi.")
-    removed_tmp_dirs: list[str] = Field(default_factory=list, description="Private temporary folders (private_tmp) "
-                                        "of the killed server, and of earlier starts for this port, removed.")
+    removed_tmp_dirs: list[str] = Field(default_factory=list, description="Private temporary folders "
+                                        "(private_tmp_env) of the killed server, and of earlier starts, removed.")
 
     def summary(self) -> str:
         removed = f"; removed {len(self.removed_tmp_dirs)} temporary folder(s)" if self.removed_tmp_dirs else ""
@@ -308,7 +308,7 @@ def _kill(host: Host, profile: ServerProfile, found: dict[int, str], procs: dict
                 f"{sum(held.values())} MiB of GPU memory after {profile.gpu_memory_timeout_s:.0f} s (limit "
                 f"{profile.gpu_memory_free_mib} MiB): look at them with nvidia-smi.")
     gpu = gpus.memory_used(host, visible) if found else None
-    removed = _remove_tmp_dirs(host, profile, log)
+    removed = _remove_tmp_dirs(host, profile, (handle.token if handle is not None else "") or token or "", log)
 
     report = KillReport(
         host=host.label,
@@ -323,18 +323,19 @@ def _kill(host: Host, profile: ServerProfile, found: dict[int, str], procs: dict
     return report
 
 
-def _remove_tmp_dirs(host: Host, profile: ServerProfile, log: Logger) -> list[str]:
-    """Once its processes are gone, a start's private temporary folder goes too (``private_tmp``), with any an
-    earlier start for this port left (a server that crashed, a worker that died). A folder that a live process's
-    start still uses stays. Not removing one is worth a warning, not a failed kill."""
-    if not profile.uses_private_tmp:
+def _remove_tmp_dirs(host: Host, profile: ServerProfile, token: str, log: Logger) -> list[str]:
+    """Once its processes are gone, a start's private temporary folder goes too (``private_tmp_env``), with any that
+    an earlier start left (a server that died unkilled, a worker that died). A folder that a live process's start
+    still uses stays. Not removing one is worth a warning, not a failed kill."""
+    if not profile.private_tmp_env:
         return []
     try:
-        return host.remove_stale_tmp_dirs(profile.tmp_prefix())
+        removed, trouble = host.remove_stale_tmp_dirs(token)
     except HostError as exc:
-        log.warning("the temporary folders of %s in ~/.specsweep/tmp on %s were not removed (%s): remove %s* by hand",
-                    profile.name, host.label, exc, profile.tmp_prefix())
-        return []
+        removed, trouble = [], str(exc)
+    if trouble:
+        log.warning("temporary folders in ~/.specsweep/tmp on %s: %s", host.label, trouble)
+    return removed
 
 
 def _take_port(host: Host, profile: ServerProfile, log: Logger, redact: Redactor) -> None:
@@ -410,7 +411,7 @@ def start_server(
         try:
             started = host.start_detached(
                 profile.launch_argv(), log_path=profile.log_file(token, attempt), env=profile.launch_env(token),
-                cwd=profile.cwd, tmp_dir=profile.tmp_dir(token),
+                cwd=profile.cwd, tmp_dir=profile.tmp_dir(token), tmp_env=profile.private_tmp_env,
             )
             break
         except CommandNotSentError as exc:
@@ -449,11 +450,10 @@ def start_server(
         cuda_visible_devices=started.cuda_visible_devices,
     )
     log.info("server %s started: pid %d, log %s", profile.name, started.pid, handle.log_path)
-    if profile.uses_private_tmp and not started.tmp_dir:
-        log.warning("%s got no temporary folder of its own on %s: the path in the login's ~/.specsweep/tmp would be "
-                    "too long for the Unix sockets an engine makes there. What it leaves in the temporary folder "
-                    "stays; set TMPDIR in the profile's env to a short folder of the login's to keep it apart.",
-                    profile.name, host.label)
+    if profile.private_tmp_env and not started.tmp_dir:
+        log.warning("%s got no temporary folder of its own on %s (for %s): its path in the login's ~/.specsweep/tmp "
+                    "would be too long for the Unix sockets an engine makes there, so what it leaves goes where it "
+                    "would without specsweep.", profile.name, host.label, ", ".join(profile.private_tmp_env))
     return handle
 
 

@@ -73,9 +73,9 @@ def _members(groups: set[int]) -> list[tuple[int, str]]:
 
 class ServerGroups:
     """Watches, while a test's runs go on, the process groups of the vLLM servers on its ports; afterwards
-    ``alive()`` lists every process still in one of them, and ``titles`` holds the titles vLLM gave the processes
-    it started (``VLLM::EngineCore``, ``VLLM::Worker``), ``tmp`` what their temporary folders (TMPDIR) held. Tests
-    on other ports (other workers) are never seen."""
+    ``alive()`` lists every process still in one of them, ``titles`` holds the titles vLLM gave the processes
+    it started (``VLLM::EngineCore``, ``VLLM::Worker``), and ``tmp`` what the folders of their ZeroMQ sockets
+    (VLLM_RPC_BASE_PATH) held. Tests on other ports (other workers) are never seen."""
 
     def __init__(self, *ports: int) -> None:
         self.ports = ports
@@ -93,7 +93,7 @@ class ServerGroups:
                 env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
             except OSError:
                 continue
-            for folder in (Path(v.decode().removeprefix("TMPDIR=")) for v in env if v.startswith(b"TMPDIR=")):
+            for folder in (Path(v.decode().partition("=")[2]) for v in env if v.startswith(b"VLLM_RPC_BASE_PATH=")):
                 try:
                     self.tmp.setdefault(folder, set()).update(os.listdir(folder))
                 except OSError:

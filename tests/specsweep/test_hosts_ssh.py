@@ -183,7 +183,7 @@ def test_reconnects_once_when_the_transport_drops(ssh_host_config: HostConfig, c
 
 async def test_lifecycle_over_ssh(ssh_host_config: HostConfig, tmp_path: Path) -> None:
     profile = toy_profile(tmp_path, "--listen-after", "0.2", "--warmup", "0.3", "--spawn-grandchild",
-                          "--api-key", "sk-over-ssh-123456", "--leave-tmp-files", private_tmp=True)
+                          "--api-key", "sk-over-ssh-123456", "--leave-tmp-files", private_tmp_env=["TMPDIR"])
     with open_host(ssh_host_config) as host:
         handle = start_server(host, profile)
         assert handle.host.endswith(f":{ssh_host_config.ssh.port}")  # type: ignore[union-attr]
@@ -200,7 +200,7 @@ async def test_lifecycle_over_ssh(ssh_host_config: HostConfig, tmp_path: Path) -
         kill = kill_server(host, profile, handle)
     assert len(kill.killed) >= 3 and kill.port_free
     assert pids_alive([k.pid for k in kill.killed]) == []
-    assert kill.removed_tmp_dirs == [str(own)] and not own.exists()
+    assert str(own) in kill.removed_tmp_dirs and not own.exists()  # (with any stale one of an earlier run)
 
 
 async def test_server_survives_the_ssh_connection(ssh_host_config: HostConfig, tmp_path: Path) -> None:

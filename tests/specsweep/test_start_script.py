@@ -19,6 +19,7 @@ from specsweep.hosts.base import _START_SCRIPT, env_script
 from specsweep.server.lifecycle import kill_server, start_server
 from tests.conftest import MakeToy, pids_with_env, wait_ready
 from tests.helpers.other_user import ensure_user
+from tests.helpers.sshd import free_port
 
 
 @pytest.fixture
@@ -146,29 +147,49 @@ def tmp_files(log_path: str) -> list[Path]:
     raise AssertionError(f"the toy server never said where it left its files: {Path(log_path).read_text()}")
 
 
+def private_dir(path: Path) -> Path:
+    path.mkdir(mode=0o700)
+    path.chmod(0o700)  # whatever the umask
+    return path
+
+
 async def test_a_start_leaves_its_temporary_files_in_a_folder_of_its_own_which_the_kill_removes(
         host: LocalHost, make_toy: MakeToy, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
     # The start script's login home: short, as homes are (a socket's path has at most 107 bytes).
     home = Path(tempfile.mkdtemp(prefix="home-", dir="/tmp"))
     request.addfinalizer(lambda: shutil.rmtree(home, ignore_errors=True))
     monkeypatch.setenv("HOME", str(home))
-    profile = make_toy("--leave-tmp-files", name="private-tmp", private_tmp=True)
-    folders = home / ".specsweep" / "tmp"
-    folders.mkdir(parents=True, mode=0o700)
-    # An earlier start for this port whose server died without a kill (its folder stayed), and a folder whose
-    # start still has a live process: the kill removes the first and keeps the second.
-    crashed = folders / f"{profile.tmp_prefix()}{'c' * 12}"
-    crashed.mkdir()
-    (crashed / "left-by-a-crash").write_text("x")
+    profile = make_toy("--leave-tmp-files", name="private-tmp", private_tmp_env=["TMPDIR"])
+    folders = private_dir(private_dir(home / ".specsweep") / "tmp")
+
+    def folder(name: str, age_s: float = 0) -> Path:
+        path = private_dir(folders / name)
+        (path / "something").write_text("x")
+        if age_s:
+            os.utime(path, (time.time() - age_s, time.time() - age_s))
+        return path
+
+    # An earlier start whose server died unkilled, 10 minutes ago: removed. One made a moment ago by a start that
+    # may not have begun its server yet, and one whose start still has a live process: kept.
+    crashed = folder(f"{free_port()}-{'c' * 12}", age_s=600)
+    starting = folder(f"{free_port()}-{'e' * 12}")
     live_token = "d" * 24
-    live = folders / f"{profile.tmp_prefix()}{live_token[:12]}"
-    live.mkdir()
+    live = folder(f"{free_port()}-{live_token[:12]}", age_s=600)
     sleeper = subprocess.Popen(["sleep", "60"], env={**os.environ, "SPECSWEEP_START": live_token})
+    # Nothing that is not such a folder is touched: a link named like one (and what it points to), another name.
+    elsewhere = private_dir(home / "elsewhere")
+    (elsewhere / "keep").write_text("x")
+    (folders / f"{free_port()}-{'f' * 12}").symlink_to(elsewhere)
+    other = folder("not-a-start", age_s=600)
+    info = ensure_user()
+    theirs = folder(f"{free_port()}-{'a' * 12}")
+    os.chown(theirs, info.pw_uid, info.pw_gid)
+    os.utime(theirs, (time.time() - 600, time.time() - 600))
     handle = start_server(host, profile)
     try:
         await wait_ready(host, profile, handle)
         own = Path(profile.tmp_dir(handle.token).replace("~", str(home), 1))  # type: ignore[union-attr]
-        assert own.parent == folders and handle.token[:12] in own.name
+        assert own.parent == folders and own.name == f"{profile.port}-{handle.token[:12]}"
         assert stat.S_IMODE(own.stat().st_mode) == 0o700
         left = tmp_files(handle.log_path)
         assert [p.parent for p in left] == [own, own] and all(p.exists() for p in left)
@@ -177,39 +198,32 @@ async def test_a_start_leaves_its_temporary_files_in_a_folder_of_its_own_which_t
         assert sorted(report.removed_tmp_dirs) == sorted([str(own), str(crashed)])
         assert "removed 2 temporary folder(s)" in report.summary()
         assert not own.exists() and not crashed.exists()
-        assert live.is_dir()  # its start still runs
+        assert starting.is_dir() and live.is_dir() and other.is_dir() and theirs.is_dir()
+        assert (elsewhere / "keep").exists() and len(list(folders.iterdir())) == 5
     finally:
         sleeper.kill()
         sleeper.wait()
         kill_server(host, profile, handle)
 
 
-async def test_a_profile_that_sets_tmpdir_keeps_its_own_folder(host: LocalHost, make_toy: MakeToy,
-                                                               tmp_path: Path) -> None:
-    mine = tmp_path / "my-tmp"
-    mine.mkdir()
-    profile = make_toy("--leave-tmp-files", name="own-tmp", private_tmp=True, env={"TMPDIR": str(mine)})
-    assert profile.tmp_dir("a" * 24) is None
-    handle = start_server(host, profile)
-    try:
-        await wait_ready(host, profile, handle)
-        left = tmp_files(handle.log_path)
-        assert [p.parent for p in left] == [mine, mine]
-    finally:
-        report = kill_server(host, profile, handle)
-    assert report.removed_tmp_dirs == [] and all(p.exists() for p in left)  # the profile's folder is its own
+def test_a_variable_both_in_env_and_pointed_at_the_private_folder_is_refused(make_toy: MakeToy) -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="TMPDIR is also set in env"):
+        make_toy(private_tmp_env=["TMPDIR"], env={"TMPDIR": "/scratch"})
+    with pytest.raises(ValidationError, match="not valid"):
+        make_toy(private_tmp_env=["NOT-A-NAME"])
 
 
 async def test_a_home_too_long_for_socket_paths_starts_the_server_with_the_usual_tmpdir(
-        host: LocalHost, make_toy: MakeToy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        host: LocalHost, make_toy: MakeToy, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest,
         caplog: pytest.LogCaptureFixture) -> None:
-    home = tmp_path / ("h" * 60)
-    home.mkdir(mode=0o700)
+    usual = Path(tempfile.mkdtemp(prefix="tmp-", dir="/tmp"))  # the login's own TMPDIR: short, as /tmp is
+    request.addfinalizer(lambda: shutil.rmtree(usual, ignore_errors=True))
+    home = private_dir(usual / ("h" * 60))
     monkeypatch.setenv("HOME", str(home))
-    usual = tmp_path / "usual"
-    usual.mkdir()
-    monkeypatch.setenv("TMPDIR", str(usual))  # the login's own
-    profile = make_toy("--leave-tmp-files", name="long-home", private_tmp=True)
+    monkeypatch.setenv("TMPDIR", str(usual))
+    profile = make_toy("--leave-tmp-files", name="long-home", private_tmp_env=["TMPDIR"])
     with caplog.at_level("WARNING"):
         handle = start_server(host, profile)
     try:

@@ -85,9 +85,10 @@ def baseline(
         "startup_timeout_s": startup_timeout_s,
         "health_poll_max_interval_s": 0.5,
         "cleanup_patterns": CLEANUP,
-        # Every start leaves ZeroMQ sockets and a vllm_dist_ file in the temporary folder: a folder of its own,
-        # removed with the server.
-        "private_tmp": True,
+        # Every start leaves 3-7 ZeroMQ sockets in /tmp: they go to a folder of its own, removed with the server.
+        # (Not TMPDIR: vLLM finds its weight-cache daemon and download locks there. The one vllm_dist_ file of each
+        # start stays in /tmp.)
+        "private_tmp_env": ["VLLM_RPC_BASE_PATH"],
         "api_key_env": "VLLM_API_KEY",
         "description": "vLLM's OpenAI server; its API key (api_key_secret) reaches it as VLLM_API_KEY.",
     })
