@@ -30,6 +30,9 @@ _log = logging.getLogger(__name__)
 FIRST_INTERVAL_S = 0.05
 GROWTH = 1.5
 PROCESS_CHECK_S = 0.5
+#: A health attempt is logged when its answer differs from the last one logged, else once this often: a start of
+#: minutes polled every 0.15-0.5 s would otherwise fill the run's log with the same line.
+PROGRESS_EVERY_S = 10.0
 
 
 class HealthReport(BaseModel):
@@ -147,6 +150,7 @@ async def wait_for_health(
     next_poll = start
     next_check = start
     attempts = 0
+    logged, logged_at = "", 0.0
     last = "no attempt yet"
     unreachable = _Unreachable(host, profile.port)
     tunnel_was_down = False
@@ -223,10 +227,12 @@ async def wait_for_health(
                         profile.name, elapsed, attempts, report.time_to_ready_s,
                     )
                     return report
-            if status in (None, 502, 503) or status == 200:
-                log.info("health attempt %d after %.1f s: not ready (%s)", attempts, elapsed, last)
-            else:
-                log.warning("health attempt %d after %.1f s: unexpected %s, polling on", attempts, elapsed, last)
+            if last != logged or elapsed - logged_at >= PROGRESS_EVERY_S:
+                logged, logged_at = last, elapsed
+                if status in (None, 502, 503) or status == 200:
+                    log.info("health attempt %d after %.1f s: not ready (%s)", attempts, elapsed, last)
+                else:
+                    log.warning("health attempt %d after %.1f s: unexpected %s, polling on", attempts, elapsed, last)
             interval = min(interval * GROWTH, profile.health_poll_max_interval_s)
             next_poll = time.monotonic() + interval
         now = time.monotonic()

@@ -217,3 +217,24 @@ async def test_secrets_masked_in_handle_report_and_crash_error(host: LocalHost, 
         await wait_ready(host, profile, handle)
     assert secret not in str(err.value)
     assert "hf_abcdefghijklmnop" not in profile.masked_env()["HF_TOKEN"]
+
+
+async def test_the_wait_logs_each_new_answer_and_then_progress_not_every_attempt(
+        host: LocalHost, make_toy: MakeToy, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import math
+
+    from specsweep.server import health
+
+    monkeypatch.setattr(health, "PROGRESS_EVERY_S", 1.0)
+    profile = make_toy("--listen-after", "0.3", "--warmup", "3")  # (refused,) then HTTP 503 for 3 s, then ready
+    handle = start_server(host, profile)
+    try:
+        with caplog.at_level("INFO"):
+            report = await wait_ready(host, profile, handle)
+    finally:
+        kill_server(host, profile, handle)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("health attempt")]
+    # Each answer when it first comes, then the same answer once a second at most, for a poll every 0.2 s or less.
+    assert len(lines) <= 2 + math.ceil(report.waited_s), (report.waited_s, lines)
+    assert report.attempts >= 2 * len(lines), (report.attempts, lines)
+    assert sum("HTTP 503" in line for line in lines) >= 2, lines  # the wait still shows it goes on
