@@ -108,3 +108,7 @@ class KillError(ServerError):
 
 class StoreError(SpecsweepError):
     """Results could not be written or read."""
+
+
+class MeasurementError(SpecsweepError):
+    """What was measured cannot answer the question (every block set aside as disturbed)."""

@@ -25,7 +25,7 @@ from specsweep.analysis.traffic import COLUMNS as TRAFFIC_COLUMNS
 from specsweep.analysis.traffic import TrafficView, traffic_view
 from specsweep.analysis.verify import ARMS, Verification, verify_levels
 from specsweep.engines import PerBatchSetting, SpeculationSettings
-from specsweep.errors import ConfigError
+from specsweep.errors import ConfigError, MeasurementError
 from specsweep.records import LevelRow, RunRow
 from specsweep.results import ResultsStore
 
@@ -87,6 +87,8 @@ class Comparison(BaseModel):
     traffic: TrafficView | None = Field(None, description="Per category of prompt and level, output lengths, and "
                                         "whether speculation kept the greedy outputs.")
     notes: list[str] = Field(default_factory=list)
+    unanswered: list[int] = Field(default_factory=list, description="Levels both measured, where every block of one "
+                                  "configuration was set aside as disturbed: no verdict, an open answer there.")
     baseline_run_id: str | None = None
     speculative_run_id: str | None = None
     host: str | None = None
@@ -144,11 +146,18 @@ def compare_levels(base_rows: Sequence[LevelRow], spec_rows: Sequence[LevelRow],
     aside = {c: (sum(1 for r in base_rows if r.concurrency == c and r.disturbed is not None),
                  sum(1 for r in spec_rows if r.concurrency == c and r.disturbed is not None)) for c in base}
     common = sorted(set(base) & set(spec))
-    if not common:
+    measured = {c: (_measured(base_rows, c), _measured(spec_rows, c)) for c in _levels_of(base_rows) & _levels_of(spec_rows)}
+    # Measured by both, but with no block that counts on one side: every block there was set aside as disturbed.
+    unanswered = sorted(set(measured) - set(common))
+    if not common and not unanswered:
         raise ConfigError(
             f"the runs share no concurrency level (baseline {sorted(base)}, speculative {sorted(spec)}): "
             "measure both with the same concurrency list"
         )
+    if not common:
+        raise MeasurementError(f"no level could be answered: every block of a configuration at {unanswered} was set "
+                               "aside as disturbed (the machine was too busy to measure it; the blocks are kept in "
+                               "the levels dataset, column disturbed). Measure again on a quieter machine.")
     levels = []
     for c in common:
         b, s = base[c], spec[c]
@@ -173,9 +182,27 @@ def compare_levels(base_rows: Sequence[LevelRow], spec_rows: Sequence[LevelRow],
             speculative_batch=_median([r.engine_running_mean for r in s]),
             speculative_batch_max=_median([r.engine_running_max for r in s]),
         ))
-    rec = recommend([lv.as_verdict() for lv in levels], decision.margin)
-    return Comparison(baseline=baseline_name, speculative=speculative_name, levels=levels, recommendation=rec,
-                      margin=decision.margin)
+    rec = recommend([lv.as_verdict() for lv in levels], decision.margin, unanswered)
+    comp = Comparison(baseline=baseline_name, speculative=speculative_name, levels=levels, recommendation=rec,
+                      margin=decision.margin, unanswered=unanswered)
+    if unanswered:
+        comp.notes.append("No answer at " + ", ".join(
+            f"{c} (" + " and ".join(f"{name}: {n} block(s), all set aside" for name, (n, ok) in
+                                    ((baseline_name, measured[c][0]), (speculative_name, measured[c][1])) if not ok)
+            + ")" for c in unanswered)
+            + ": the machine disturbed every block there, as often as a level is measured again. The answer is open "
+            "there, as for an undetermined level; measure it again on a quieter machine.")
+    return comp
+
+
+def _levels_of(rows: Sequence[LevelRow]) -> set[int]:
+    return {r.concurrency for r in rows if r.mode == "concurrency" and r.concurrency is not None}
+
+
+def _measured(rows: Sequence[LevelRow], c: int) -> tuple[int, bool]:
+    """How many blocks were measured at level c, and whether one of them counts."""
+    at = [r for r in rows if r.mode == "concurrency" and r.concurrency == c]
+    return len(at), any(r.disturbed is None for r in at)
 
 
 def off_starts(k: int, off_from_batch: int | None) -> list[tuple[int, int]]:

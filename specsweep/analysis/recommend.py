@@ -11,6 +11,10 @@ An undetermined level (a gain beyond the margin still possible) could go either 
 decided only if every way it could go (it pays, or it does not, for each undetermined level) leads
 to the same threshold; otherwise it is "undetermined between A and B", naming the levels to measure
 next. The projected mean throughput of always on, always off and the answer is given beside it.
+
+A level measured but not answered (every block of a configuration there was set aside as disturbed: the machine
+was too busy to measure it) is an undetermined level too: whatever it would have said is still possible, so no
+answer is decided across it, and it is among the levels to measure next.
 """
 
 from __future__ import annotations
@@ -72,8 +76,20 @@ def supported_thresholds(verdicts: Sequence[Verdict]) -> list[int]:
 
 
 def _projection(levels: Sequence[LevelVerdict], t: int) -> float:
-    return statistics.fmean(lv.speculative_tokens_per_s if i < t else lv.baseline_tokens_per_s
-                            for i, lv in enumerate(levels))
+    """Mean output tok/s over the answered levels with speculation on below index t and off from it."""
+    return statistics.fmean(x for i, lv in enumerate(levels) if not math.isnan(
+        x := lv.speculative_tokens_per_s if i < t else lv.baseline_tokens_per_s))
+
+
+def unanswered_level(concurrency: int) -> LevelVerdict:
+    """A level measured but not answered: every block of a configuration there was set aside as disturbed."""
+    nan = float("nan")
+    return LevelVerdict(concurrency=concurrency, verdict="undetermined", ratio=nan, baseline_tokens_per_s=nan,
+                        speculative_tokens_per_s=nan)
+
+
+def _ratio_words(lv: LevelVerdict) -> str:
+    return f"{lv.concurrency} (no block counted)" if math.isnan(lv.ratio) else f"{lv.concurrency} (×{lv.ratio:.2f})"
 
 
 def _choose(verdicts: Sequence[Verdict]) -> int | str:
@@ -91,14 +107,20 @@ def _list(cs: Sequence[int]) -> str:
 
 
 def _ratios(levels: Sequence[LevelVerdict], cs: Sequence[int]) -> str:
-    by = {lv.concurrency: lv.ratio for lv in levels}
-    return ", ".join(f"{c} (×{by[c]:.2f})" for c in cs)
+    by = {lv.concurrency: lv for lv in levels}
+    return ", ".join(_ratio_words(by[c]) for c in cs)
 
 
-def recommend(levels: Sequence[LevelVerdict], margin: float) -> Recommendation:
-    """The answer, from the verdicts of the measured levels (in concurrency order)."""
+def recommend(levels: Sequence[LevelVerdict], margin: float, unanswered: Sequence[int] = ()) -> Recommendation:
+    """The answer, from the verdicts of the measured levels (in concurrency order) and the levels measured but not
+    answered (module docstring)."""
     if not levels:
-        return Recommendation(status="undetermined", speculation_off_from=None, reason="no level was measured")
+        reason = (f"no level could be answered: every block at {_list(sorted(unanswered))} was set aside as disturbed"
+                  if unanswered else "no level was measured")
+        return Recommendation(status="undetermined", speculation_off_from=None, reason=reason,
+                              measure_next=sorted(unanswered))
+    answered = {lv.concurrency for lv in levels}
+    levels = sorted([*levels, *(unanswered_level(c) for c in set(unanswered) - answered)], key=lambda lv: lv.concurrency)
     cs = [lv.concurrency for lv in levels]
     fixed = {"always_off": _projection(levels, 0), "always_on": _projection(levels, len(levels))}
     verdicts = [lv.verdict for lv in levels]
@@ -218,7 +240,7 @@ def _undetermined(levels: Sequence[LevelVerdict], outcomes: set[int | str], open
     next_levels = sorted({cs[i] for i in open_ if max(0, lo - 1) <= i <= min(n - 1, hi)} or {cs[i] for i in open_})
     # Unmeasured concurrencies inside the range are worth a look too (the midpoint of each gap).
     gaps = [(cs[i] + cs[i + 1]) // 2 for i in range(max(0, lo - 1), min(n - 1, hi)) if cs[i + 1] - cs[i] > 1]
-    ratios = ", ".join(f"{lv.concurrency} (×{lv.ratio:.2f})" for lv in levels if lv.verdict == "undetermined")
+    ratios = ", ".join(_ratio_words(lv) for lv in levels if lv.verdict == "undetermined")
     reason = (f"{head}: the verdict at {ratios} could go either way, and depending on it speculation should be "
               f"{' or '.join(options)}. Measure {_list(next_levels)} with more requests (a larger decision budget)"
               + (f", and also {_list(gaps)}" if gaps else "") + ".")

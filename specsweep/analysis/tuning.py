@@ -218,7 +218,9 @@ def tune(engine: str, comparisons: Mapping[str, Comparison], points: Sequence[Gr
                              speculative_tokens_per_s=lv.points[lv.best].tokens_per_s,
                              batch_mean=lv.points[lv.best].batch_mean, batch_max=lv.points[lv.best].batch_max)
                 for lv in levels]
-    rec = recommend(envelope, margin)
+    # A level some setting's comparison could not answer (every block there disturbed) is open.
+    unanswered = set().union(*(c.unanswered for c in comparisons.values())) - {lv.concurrency for lv in levels}
+    rec = recommend(envelope, margin, sorted(unanswered))
     first = next(iter(comparisons.values()))
     tuning = Tuning(engine=engine, baseline=first.baseline, baseline_run_id=first.baseline_run_id or "",
                     points=list(points), run_ids={label: c.speculative_run_id or "" for label, c in comparisons.items()},

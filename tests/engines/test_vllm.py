@@ -224,7 +224,15 @@ async def test_tune_speculation_on_vllm_gives_a_schedule_vllm_loads(vllm_python:
     assert state.is_completed(), state.message
     result = await state.result()
     tuning = result.tuning
-    assert [p.label for p in tuning.points] == ["k1", "k3"] and [lv.concurrency for lv in tuning.levels] == [1, 4]
+    assert [p.label for p in tuning.points] == ["k1", "k3"]
+    # Each level answered, or (suite 35: every block of the baseline at 1 stalled for 0.6-0.8 s beside three other
+    # tests) named as not answered and left open, never dropped unsaid.
+    answered = [lv.concurrency for lv in tuning.levels]
+    open_levels = [c for c in (1, 4) if c not in answered]
+    assert answered and set(answered) <= {1, 4}
+    if open_levels:
+        assert tuning.recommendation.status == "undetermined" and set(open_levels) <= set(tuning.recommendation.measure_next)
+        assert any(n.startswith("No answer at") for n in tuning.notes), tuning.notes
     assert pids_with_marker(port) == [] and groups.seen and groups.alive() == []
     levels = pd.read_parquet(results / "levels")
     for name, k in (("vllm-draft-k1", 1), ("vllm-draft-k3", 3)):

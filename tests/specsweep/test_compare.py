@@ -10,7 +10,7 @@ import pytest
 from specsweep.analysis.compare import check_fingerprints, compare_levels, compare_runs
 from specsweep.analysis.decision import DecisionConfig
 from specsweep.engines.sglang import check_adaptive_config as check_sglang_adaptive_config
-from specsweep.errors import ConfigError
+from specsweep.errors import ConfigError, MeasurementError
 from specsweep.records import LevelRow, RequestRow, RunRow
 from specsweep.reports.folders import write_comparison_report
 from specsweep.results.store import ResultsStore
@@ -92,6 +92,20 @@ def test_no_common_levels_is_an_error() -> None:
     with pytest.raises(ConfigError, match="share no concurrency level"):
         compare_levels(rows("b", {1: [1.0]}), rows("s", {2: [1.0]}), decision=DecisionConfig(), paired=True,
                        num_requests=1)
+
+
+def test_a_level_whose_blocks_were_all_set_aside_is_named_and_left_open() -> None:
+    base = [r.model_copy(update={"disturbed": "no token arrived for 0.64 s"}) if r.concurrency == 1 else r
+            for r in rows("base", BASE)]
+    comp = compare_levels(base, rows("spec", SPEC), decision=DecisionConfig(), paired=True, num_requests=16,
+                          baseline_name="base", speculative_name="spec")
+    assert [lv.concurrency for lv in comp.levels] == [2, 8, 64] and comp.unanswered == [1]
+    assert comp.recommendation.status == "undetermined" and 1 in comp.recommendation.measure_next
+    assert any(n.startswith("No answer at 1 (base: 5 block(s), all set aside)") for n in comp.notes), comp.notes
+    everything = [r.model_copy(update={"disturbed": "the client's event loop stalled for 675 ms"})
+                  for r in rows("base", BASE)]
+    with pytest.raises(MeasurementError, match="no level could be answered"):
+        compare_levels(everything, rows("spec", SPEC), decision=DecisionConfig(), paired=True, num_requests=16)
 
 
 def test_unlike_environments_are_refused_unless_allowed() -> None:

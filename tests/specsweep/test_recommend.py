@@ -113,3 +113,18 @@ def test_the_old_report_that_said_disable_at_8_now_says_undetermined() -> None:
     # 1.51x faster at 8 with an interval of [0.91, 3.40]: that interval decides nothing.
     rec = recommend(levels(["faster", "faster", "faster", "undetermined"]), 0.03)
     assert rec.status == "undetermined" and rec.between == (8, None)
+
+
+def test_a_level_with_no_block_counted_is_open_not_skipped() -> None:
+    """Level 1 measured, every block of it set aside as disturbed: the answer stays open there, as for an
+    undetermined level, rather than deciding from 2 on as if 1 had never been asked for."""
+    import math
+
+    answered = levels(["faster", "slower", "slower"], cs=[2, 4, 8])
+    assert recommend(answered, 0.03).status == "decided"  # without level 1: off from 4
+    rec = recommend(answered, 0.03, unanswered=[1])
+    assert rec.status == "undetermined" and 1 in rec.measure_next
+    assert "1 (no block counted)" in rec.reason
+    assert all(math.isfinite(v) for v in rec.projected_tokens_per_s.values())  # over the levels answered
+    nothing = recommend([], 0.03, unanswered=[1, 4])
+    assert nothing.status == "undetermined" and nothing.measure_next == [1, 4] and "set aside" in nothing.reason
