@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections import Counter
 from collections.abc import Sequence
 
 from pydantic import BaseModel, Field
@@ -155,9 +156,12 @@ def compare_levels(base_rows: Sequence[LevelRow], spec_rows: Sequence[LevelRow],
             "measure both with the same concurrency list"
         )
     if not common:
-        raise MeasurementError(f"no level could be answered: every block of a configuration at {unanswered} was set "
-                               "aside as disturbed (the machine was too busy to measure it; the blocks are kept in "
-                               "the levels dataset, column disturbed). Measure again on a quieter machine.")
+        why = sorted({r.disturbed for r in (*base_rows, *spec_rows) if r.disturbed})
+        raise MeasurementError(f"no level could be answered: every block of a configuration at "
+                               f"{', '.join(map(str, unanswered))} was set aside as disturbed (why: "
+                               f"{'; '.join(why[:3])}{' ...' if len(why) > 3 else ''}). The blocks are kept in the levels "
+                               "dataset (column disturbed). Measure again: a machine too busy to measure them on, or a "
+                               "server that fails every request, does so every time.")
     levels = []
     for c in common:
         b, s = base[c], spec[c]
@@ -185,13 +189,15 @@ def compare_levels(base_rows: Sequence[LevelRow], spec_rows: Sequence[LevelRow],
     rec = recommend([lv.as_verdict() for lv in levels], decision.margin, unanswered)
     comp = Comparison(baseline=baseline_name, speculative=speculative_name, levels=levels, recommendation=rec,
                       margin=decision.margin, unanswered=unanswered)
-    if unanswered:
-        comp.notes.append("No answer at " + ", ".join(
-            f"{c} (" + " and ".join(f"{name}: {n} block(s), all set aside" for name, (n, ok) in
-                                    ((baseline_name, measured[c][0]), (speculative_name, measured[c][1])) if not ok)
-            + ")" for c in unanswered)
-            + ": the machine disturbed every block there, as often as a level is measured again. The answer is open "
-            "there, as for an undetermined level; measure it again on a quieter machine.")
+    for c in unanswered:
+        sides = [f"{name}'s {n} block(s)" for name, (n, ok) in ((baseline_name, measured[c][0]),
+                                                                  (speculative_name, measured[c][1])) if not ok]
+        why = sorted({r.disturbed for r in (*base_rows, *spec_rows) if r.concurrency == c and r.disturbed})
+        comp.notes.append(f"No answer at {c}: all of {' and '.join(sides)} there were set aside as disturbed, as "
+                          f"often as a level is measured again (why: {'; '.join(why[:3])}{' ...' if len(why) > 3 else ''}"
+                          "). The answer is open there, as at an undetermined level: measure it again (a machine "
+                          "too busy to measure it stalls every block; a server that fails every request there "
+                          "does so again).")
     return comp
 
 
@@ -246,7 +252,8 @@ def compare_runs(store: ResultsStore, baseline_run_id: str, speculative_run_id: 
         comp.notes.append("Compared despite different environments: " + "; ".join(diffs))
     reasons = sorted({r.disturbed for r in (*base_rows, *spec_rows) if r.disturbed is not None})
     if reasons:
-        counted = ", ".join(f"{lv.concurrency} ({sum(lv.set_aside)})" for lv in comp.levels if sum(lv.set_aside))
+        aside = Counter(r.concurrency for r in (*base_rows, *spec_rows) if r.mode == "concurrency" and r.disturbed)
+        counted = ", ".join(f"{c} ({n})" for c, n in sorted(aside.items()))
         comp.notes.append(f"Blocks set aside as disturbed and measured again, by level: {counted}. Why: "
                           + "; ".join(reasons[:6]) + (" ..." if len(reasons) > 6 else "") + ". They are kept in the "
                           "levels dataset (column disturbed) and do not count.")
@@ -259,7 +266,7 @@ def compare_runs(store: ResultsStore, baseline_run_id: str, speculative_run_id: 
                                 margin=decision.margin, names=(base_run.config_name, spec_run.config_name),
                                 batch={lv.concurrency: (lv.speculative_batch, lv.speculative_batch_max)
                                        for lv in comp.levels},
-                                confidence=decision.look_confidence(num_requests))
+                                confidence=decision.look_confidence(num_requests), unanswered=comp.unanswered)
     comp.notes += comp.traffic.notes
     comp = with_engine_setting(comp, engines.speculation_of(spec_run.command, spec_run.engine))
     comp.verification = verification_of(store, comp, decision, num_requests)

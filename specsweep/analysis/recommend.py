@@ -64,6 +64,8 @@ class Recommendation(BaseModel):
     between: tuple[int, int | None] | None = Field(
         None, description="Undetermined: the threshold lies from the first to the second level (None: maybe never).")
     measure_next: list[int] = Field(default_factory=list, description="Levels to measure (more) to decide it.")
+    unanswered: list[int] = Field(default_factory=list, description="Levels measured but not answered (every block of "
+                                  "a configuration there set aside as disturbed): open, and among measure_next.")
     projected_tokens_per_s: dict[str, float] = Field(
         default_factory=dict, description="Mean output tok/s over the measured levels: always_off, always_on and, "
         "when decided, as_recommended.")
@@ -118,9 +120,14 @@ def recommend(levels: Sequence[LevelVerdict], margin: float, unanswered: Sequenc
         reason = (f"no level could be answered: every block at {_list(sorted(unanswered))} was set aside as disturbed"
                   if unanswered else "no level was measured")
         return Recommendation(status="undetermined", speculation_off_from=None, reason=reason,
-                              measure_next=sorted(unanswered))
-    answered = {lv.concurrency for lv in levels}
-    levels = sorted([*levels, *(unanswered_level(c) for c in set(unanswered) - answered)], key=lambda lv: lv.concurrency)
+                              measure_next=sorted(unanswered), unanswered=sorted(unanswered))
+    missing = sorted(set(unanswered) - {lv.concurrency for lv in levels})
+    rec = _answer(sorted([*levels, *map(unanswered_level, missing)], key=lambda lv: lv.concurrency), margin)
+    rec.unanswered = missing
+    return rec
+
+
+def _answer(levels: Sequence[LevelVerdict], margin: float) -> Recommendation:
     cs = [lv.concurrency for lv in levels]
     fixed = {"always_off": _projection(levels, 0), "always_on": _projection(levels, len(levels))}
     verdicts = [lv.verdict for lv in levels]
@@ -237,12 +244,18 @@ def _undetermined(levels: Sequence[LevelVerdict], outcomes: set[int | str], open
                 f"undetermined between {offs[0]} and beyond {cs[-1]}")
     else:
         between, head = None, "undetermined"
-    next_levels = sorted({cs[i] for i in open_ if max(0, lo - 1) <= i <= min(n - 1, hi)} or {cs[i] for i in open_})
+    # A level with no block counted is measured again whatever the range: nothing is known of it.
+    again = [cs[i] for i in open_ if math.isnan(levels[i].ratio)]
+    more = sorted({cs[i] for i in open_ if max(0, lo - 1) <= i <= min(n - 1, hi)} or {cs[i] for i in open_})
+    more = [c for c in more if c not in again]
     # Unmeasured concurrencies inside the range are worth a look too (the midpoint of each gap).
     gaps = [(cs[i] + cs[i + 1]) // 2 for i in range(max(0, lo - 1), min(n - 1, hi)) if cs[i + 1] - cs[i] > 1]
     ratios = ", ".join(_ratio_words(lv) for lv in levels if lv.verdict == "undetermined")
+    advice = [f"measure {_list(more)} with more requests (a larger decision budget)"] if more else []
+    advice += [f"measure {_list(again)} again, where every block was set aside as disturbed"] if again else []
+    advice += [f"also {_list(gaps)}"] if gaps else []
+    said = "; ".join(advice)
     reason = (f"{head}: the verdict at {ratios} could go either way, and depending on it speculation should be "
-              f"{' or '.join(options)}. Measure {_list(next_levels)} with more requests (a larger decision budget)"
-              + (f", and also {_list(gaps)}" if gaps else "") + ".")
+              f"{' or '.join(options)}. {said[:1].upper()}{said[1:]}.")
     return Recommendation(status="undetermined", speculation_off_from=None, between=between,
-                          measure_next=sorted(set(next_levels) | set(gaps)), reason=reason, projected_tokens_per_s=fixed)
+                          measure_next=sorted({*more, *again, *gaps}), reason=reason, projected_tokens_per_s=fixed)

@@ -134,12 +134,13 @@ def traffic_view(base_frame: Iterable[Mapping[str, Any]], spec_frame: Iterable[M
                  base_rows: Sequence[LevelRow], spec_rows: Sequence[LevelRow], *, margin: float,
                  names: tuple[str, str] = ("baseline", "speculative"),
                  batch: Mapping[int, tuple[float | None, float | None]] | None = None,
-                 confidence: float = 0.95) -> TrafficView:
+                 confidence: float = 0.95, unanswered: Sequence[int] = ()) -> TrafficView:
     """``batch``: per concurrency, the running batch the speculative engine reported there (mean, max), which
     every category's answer states its engine setting in, as the level's own answer does. ``confidence``: of
     each interval; a comparison passes its levels' own (held over the looks its budget allows), since the
     rounds these pairs come from were taken until that rule stopped, and an interval at a lower confidence
-    would decide a category, or the mix, that the level's own answer leaves open."""
+    would decide a category, or the mix, that the level's own answer leaves open. ``unanswered``: the levels with
+    no block counted (``Comparison.unanswered``), open in every category's answer too."""
     counted = _counted(base_rows) & _counted(spec_rows)
     base, spec = _measured(base_frame, counted), _measured(spec_frame, counted)
     view = TrafficView(source=next((r.prompt_source for r in spec_rows if r.prompt_source), None),
@@ -184,7 +185,7 @@ def traffic_view(base_frame: Iterable[Mapping[str, Any]], spec_frame: Iterable[M
                                                           ratio=lv.ratio, baseline_tokens_per_s=b_rate,
                                                           speculative_tokens_per_s=s_rate, batch_mean=mean,
                                                           batch_max=most))
-    view.recommendations = {cat: recommend(levels, margin) for cat, levels in by_category.items()}
+    view.recommendations = {cat: recommend(levels, margin, unanswered) for cat, levels in by_category.items()}
     for name, frame in zip(names, (base, spec), strict=True):
         by_c: dict[int, list[Mapping[str, Any]]] = defaultdict(list)
         for (c, _, _), rec in frame.items():

@@ -27,6 +27,7 @@ def recommendation_json(comp: Comparison) -> dict[str, Any]:
         "reason": rec.reason,
         "between": list(rec.between) if rec.between else None,
         "measure_next": rec.measure_next,
+        "unanswered": rec.unanswered,
         "margin": comp.margin,
         "design": comp.design,
         "baseline": {"name": comp.baseline, "run_id": comp.baseline_run_id},
@@ -65,7 +66,8 @@ def tuning_json(tuning: Tuning) -> dict[str, Any]:
     return {
         "engine": tuning.engine, "status": tuning.recommendation.status,
         "speculation_off_from": tuning.recommendation.speculation_off_from, "reason": tuning.recommendation.reason,
-        "measure_next": tuning.recommendation.measure_next, "margin": tuning.margin,
+        "measure_next": tuning.recommendation.measure_next, "unanswered": tuning.recommendation.unanswered,
+        "margin": tuning.margin,
         "baseline": {"name": tuning.baseline, "run_id": tuning.baseline_run_id},
         "points": [{"label": p.label, "values": p.values, "k": p.k, "run_id": tuning.run_ids.get(p.label)}
                    for p in tuning.points],

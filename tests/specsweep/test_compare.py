@@ -101,7 +101,9 @@ def test_a_level_whose_blocks_were_all_set_aside_is_named_and_left_open() -> Non
                           baseline_name="base", speculative_name="spec")
     assert [lv.concurrency for lv in comp.levels] == [2, 8, 64] and comp.unanswered == [1]
     assert comp.recommendation.status == "undetermined" and 1 in comp.recommendation.measure_next
-    assert any(n.startswith("No answer at 1 (base: 5 block(s), all set aside)") for n in comp.notes), comp.notes
+    assert any(n.startswith("No answer at 1: all of base's 5 block(s) there were set aside as disturbed") and
+               "no token arrived for 0.64 s" in n for n in comp.notes), comp.notes
+    assert comp.recommendation.unanswered == [1] and "measure 1 again" in comp.recommendation.reason.lower()
     everything = [r.model_copy(update={"disturbed": "the client's event loop stalled for 675 ms"})
                   for r in rows("base", BASE)]
     with pytest.raises(MeasurementError, match="no level could be answered"):

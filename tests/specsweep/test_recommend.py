@@ -128,3 +128,9 @@ def test_a_level_with_no_block_counted_is_open_not_skipped() -> None:
     assert all(math.isfinite(v) for v in rec.projected_tokens_per_s.values())  # over the levels answered
     nothing = recommend([], 0.03, unanswered=[1, 4])
     assert nothing.status == "undetermined" and nothing.measure_next == [1, 4] and "set aside" in nothing.reason
+
+
+def test_a_level_with_no_block_counted_is_measured_again_even_outside_the_open_range() -> None:
+    rec = recommend(levels(["faster", "undetermined", "slower"], cs=[1, 2, 4]), 0.03, unanswered=[8])
+    assert rec.status == "undetermined" and rec.unanswered == [8] and {2, 8} <= set(rec.measure_next)
+    assert "Measure 2 with more requests" in rec.reason and "measure 8 again" in rec.reason
