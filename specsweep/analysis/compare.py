@@ -147,9 +147,12 @@ def compare_levels(base_rows: Sequence[LevelRow], spec_rows: Sequence[LevelRow],
     aside = {c: (sum(1 for r in base_rows if r.concurrency == c and r.disturbed is not None),
                  sum(1 for r in spec_rows if r.concurrency == c and r.disturbed is not None)) for c in base}
     common = sorted(set(base) & set(spec))
-    measured = {c: (_measured(base_rows, c), _measured(spec_rows, c)) for c in _levels_of(base_rows) & _levels_of(spec_rows)}
-    # Measured by both, but with no block that counts on one side: every block there was set aside as disturbed.
-    unanswered = sorted(set(measured) - set(common))
+    measured = {c: (_measured(base_rows, c), _measured(spec_rows, c)) for c in _levels_of(base_rows) | _levels_of(spec_rows)}
+    # Measured by a configuration whose every block there was set aside as disturbed (the other may not have measured
+    # it at all: a grid's points measure the levels its baseline answered). A level one configuration simply did not
+    # reach (a sweep stopped at saturation) is not such a level.
+    unanswered = sorted(c for c, ((nb, okb), (ns, oks)) in measured.items()
+                        if c not in common and ((nb and not okb) or (ns and not oks)))
     if not common and not unanswered:
         raise ConfigError(
             f"the runs share no concurrency level (baseline {sorted(base)}, speculative {sorted(spec)}): "
@@ -191,7 +194,7 @@ def compare_levels(base_rows: Sequence[LevelRow], spec_rows: Sequence[LevelRow],
                       margin=decision.margin, unanswered=unanswered)
     for c in unanswered:
         sides = [f"{name}'s {n} block(s)" for name, (n, ok) in ((baseline_name, measured[c][0]),
-                                                                  (speculative_name, measured[c][1])) if not ok]
+                                                                  (speculative_name, measured[c][1])) if n and not ok]
         why = sorted({r.disturbed for r in (*base_rows, *spec_rows) if r.concurrency == c and r.disturbed})
         comp.notes.append(f"No answer at {c}: all of {' and '.join(sides)} there were set aside as disturbed, as "
                           f"often as a level is measured again (why: {'; '.join(why[:3])}{' ...' if len(why) > 3 else ''}"

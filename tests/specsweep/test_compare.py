@@ -104,6 +104,14 @@ def test_a_level_whose_blocks_were_all_set_aside_is_named_and_left_open() -> Non
     assert any(n.startswith("No answer at 1: all of base's 5 block(s) there were set aside as disturbed") and
                "no token arrived for 0.64 s" in n for n in comp.notes), comp.notes
     assert comp.recommendation.unanswered == [1] and "measure 1 again" in comp.recommendation.reason.lower()
+    # The other configuration never measured it (a grid's points measure the levels their baseline answered).
+    alone = compare_levels(base, rows("spec", {c: v for c, v in SPEC.items() if c != 1}), decision=DecisionConfig(),
+                           paired=False, num_requests=16)
+    assert alone.unanswered == [1] and 1 in alone.recommendation.measure_next
+    # A level one configuration did not reach at all (its sweep stopped at saturation) is not one.
+    short = compare_levels(rows("base", BASE), rows("spec", {c: v for c, v in SPEC.items() if c != 64}),
+                           decision=DecisionConfig(), paired=False, num_requests=16)
+    assert short.unanswered == [] and [lv.concurrency for lv in short.levels] == [1, 2, 8]
     everything = [r.model_copy(update={"disturbed": "the client's event loop stalled for 675 ms"})
                   for r in rows("base", BASE)]
     with pytest.raises(MeasurementError, match="no level could be answered"):
