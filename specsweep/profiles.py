@@ -152,13 +152,10 @@ class ProfileParams(BaseModel):
     @field_validator("private_tmp_env")
     @classmethod
     def _private_tmp_env(cls, names: list[str], info: ValidationInfo) -> list[str]:
-        import re
-
+        cls._env(dict.fromkeys(names, ""))  # valid names, none of specsweep's own
         for name in names:
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-                raise ValueError(f"environment variable name {name!r} is not valid: use letters, digits and _")
-            if name in (MARKER_ENV, START_ENV) or name in (info.data.get("env") or {}):
-                raise ValueError(f"{name} is also set in env (or by specsweep): name it in one place only")
+            if name in (info.data.get("env") or {}):
+                raise ValueError(f"{name} is also set in env: name it in one place only")
         return names
 
     @field_validator("cleanup_patterns")

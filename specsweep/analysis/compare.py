@@ -88,8 +88,8 @@ class Comparison(BaseModel):
     traffic: TrafficView | None = Field(None, description="Per category of prompt and level, output lengths, and "
                                         "whether speculation kept the greedy outputs.")
     notes: list[str] = Field(default_factory=list)
-    unanswered: list[int] = Field(default_factory=list, description="Levels both measured, where every block of one "
-                                  "configuration was set aside as disturbed: no verdict, an open answer there.")
+    unanswered: list[int] = Field(default_factory=list, description="Levels where every block a configuration measured "
+                                  "was set aside as disturbed: no verdict, an open answer there.")
     baseline_run_id: str | None = None
     speculative_run_id: str | None = None
     host: str | None = None
@@ -159,10 +159,9 @@ def compare_levels(base_rows: Sequence[LevelRow], spec_rows: Sequence[LevelRow],
             "measure both with the same concurrency list"
         )
     if not common:
-        why = sorted({r.disturbed for r in (*base_rows, *spec_rows) if r.disturbed})
         raise MeasurementError(f"no level could be answered: every block of a configuration at "
                                f"{', '.join(map(str, unanswered))} was set aside as disturbed (why: "
-                               f"{'; '.join(why[:3])}{' ...' if len(why) > 3 else ''}). The blocks are kept in the levels "
+                               f"{_reasons((*base_rows, *spec_rows))}). The blocks are kept in the levels "
                                "dataset (column disturbed). Measure again: a machine too busy to measure them on, or a "
                                "server that fails every request, does so every time.")
     levels = []
@@ -195,13 +194,19 @@ def compare_levels(base_rows: Sequence[LevelRow], spec_rows: Sequence[LevelRow],
     for c in unanswered:
         sides = [f"{name}'s {n} block(s)" for name, (n, ok) in ((baseline_name, measured[c][0]),
                                                                   (speculative_name, measured[c][1])) if n and not ok]
-        why = sorted({r.disturbed for r in (*base_rows, *spec_rows) if r.concurrency == c and r.disturbed})
+        why = _reasons([r for r in (*base_rows, *spec_rows) if r.concurrency == c])
         comp.notes.append(f"No answer at {c}: all of {' and '.join(sides)} there were set aside as disturbed, as "
-                          f"often as a level is measured again (why: {'; '.join(why[:3])}{' ...' if len(why) > 3 else ''}"
-                          "). The answer is open there, as at an undetermined level: measure it again (a machine "
+                          f"often as a level is measured again (why: {why}). The answer is open there, as at an "
+                          "undetermined level: measure it again (a machine "
                           "too busy to measure it stalls every block; a server that fails every request there "
                           "does so again).")
     return comp
+
+
+def _reasons(rows: Sequence[LevelRow]) -> str:
+    """Why these blocks were set aside: the first three distinct reasons."""
+    why = sorted({r.disturbed for r in rows if r.disturbed})
+    return "; ".join(why[:3]) + (" ..." if len(why) > 3 else "")
 
 
 def _levels_of(rows: Sequence[LevelRow]) -> set[int]:

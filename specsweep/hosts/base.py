@@ -14,7 +14,7 @@ import shlex
 import signal
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -127,13 +127,16 @@ _START_SCRIPT = _START_SCRIPT.replace("$_ENV_END", _ENV_END)
 START_COMMAND_TIMEOUT_S = 60.0
 
 
-def env_script(env: Mapping[str, str]) -> bytes:
-    """The environment as the start script reads it from stdin: one quoted export per variable."""
-    lines = []
-    for name, value in env.items():
+def _check_env_names(names: Iterable[str]) -> None:
+    for name in names:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
             raise ServerStartError(f"environment variable name {name!r} is not valid: use letters, digits and _")
-        lines.append(f"export {name}={shlex.quote(value)}\n")
+
+
+def env_script(env: Mapping[str, str]) -> bytes:
+    """The environment as the start script reads it from stdin: one quoted export per variable."""
+    _check_env_names(env)
+    lines = [f"export {name}={shlex.quote(value)}\n" for name, value in env.items()]
     return ("".join(lines) + _ENV_END + "\n").encode()
 
 
@@ -272,9 +275,7 @@ class Host(ABC):
         """
         if not argv:
             raise ServerStartError("nothing to start: the launch argv is empty")
-        for name in tmp_env:
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-                raise ServerStartError(f"environment variable name {name!r} is not valid: use letters, digits and _")
+        _check_env_names(tmp_env)
         script = ["sh", "-c", _START_SCRIPT, "sh", log_path, cwd or "", tmp_dir or "", " ".join(tmp_env), *argv]
         result = self.run(script, timeout=START_COMMAND_TIMEOUT_S, retry=False, input=env_script(env or {}))
         if result.exit_code == 95:
