@@ -35,7 +35,6 @@ from specsweep.bench.config import SweepConfig, WorkloadConfig  # noqa: E402
 from specsweep.engines.llamacpp import baseline as baseline_profile  # noqa: E402
 from specsweep.engines.llamacpp import default_models_dir  # noqa: E402
 from specsweep.engines.llamacpp import speculative as speculative_profile  # noqa: E402
-from specsweep.engines.llamacpp.models import ModelSpec, make_models  # noqa: E402
 from specsweep.hosts import LocalHost  # noqa: E402
 from specsweep.records import Level  # noqa: E402
 from specsweep.results import ResultsStore, new_run_id  # noqa: E402
@@ -43,6 +42,7 @@ from specsweep.server.api import ServerAPI  # noqa: E402
 from specsweep.server.health import wait_for_health  # noqa: E402
 from specsweep.server.lifecycle import kill_server, start_server  # noqa: E402
 from specsweep.sweep import BenchTarget, SweepJob, measure_level, settle  # noqa: E402
+from specsweep.targets.llamacpp.models import ModelSpec, make_models  # noqa: E402
 
 TARGETS = {  # name: shape; f16 weights, so bytes = 2 x parameters
     "7M (fits)": ModelSpec(n_embd=256, n_layer=8, n_head=4, n_ff=704),

@@ -32,7 +32,7 @@ from specsweep.records import Level  # noqa: E402
 
 
 def start_sim(profile: str, port: int) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-m", "specsweep.engines.sglang.sim", "--sim-profile", profile, "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "specsweep.targets.sim", "--sim-profile", profile, "--port", str(port),
                              "--startup-s", "0.2", "--max-running-requests", "1024"], stdout=subprocess.DEVNULL)
     for _ in range(200):
         try:

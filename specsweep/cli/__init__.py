@@ -6,14 +6,10 @@ from __future__ import annotations
 
 import os
 
-from specsweep.cli import bench, results, server
+from specsweep.cli import bench, results, server, targets
 from specsweep.cli.app import app
-from specsweep.engines.commands import COMMANDS
 
-__all__ = ["app", "bench", "main", "results", "server"]
-
-for _name, _command in COMMANDS.items():  # the engines' own tools (their local targets')
-    app.command(_name, context_settings=_command.context_settings)(_command.run)
+__all__ = ["app", "bench", "main", "results", "server", "targets"]
 
 
 def main() -> None:

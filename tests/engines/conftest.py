@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from specsweep.engines.llamacpp import default_models_dir
-from specsweep.engines.vllm.models import HFModels, HFModelSpec, make_models
+from specsweep.targets.vllm.models import HFModels, HFModelSpec, make_models
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -3,7 +3,7 @@ its chat endpoint, its server killed in the middle of a level, and specsweep's a
 (the grid's --speculative-config loaded by vLLM's own configuration code, the verify stage's schedule served).
 
 The engine lives in its own virtualenv (scripts/vllm_cpu.sh; tests/engines/conftest.py). The models are tiny
-random llamas written by that python (specsweep.engines.vllm.models). One file, so one worker runs these tests one
+random llamas written by that python (specsweep.targets.vllm.models). One file, so one worker runs these tests one
 after another: two of these engines at once on two cores took twice as long each. Each test still watches only the
 process groups of its own ports' servers.
 """
@@ -24,9 +24,9 @@ from flows.compare_speculation import compare_vllm
 from flows.tune_speculation import tune_speculation
 from specsweep.bench.config import SweepConfig, WorkloadConfig
 from specsweep.engines.vllm import check_speculative_config as check_vllm_speculative_config
-from specsweep.engines.vllm.models import HFModels
 from specsweep.parameters import BenchmarkSettings, LifecycleOptions
 from specsweep.results.store import ResultsStore
+from specsweep.targets.vllm.models import HFModels
 from tests.conftest import pids_with_marker
 from tests.helpers.sshd import free_port
 from tests.helpers.vllm import ServerGroups, settings

@@ -270,7 +270,7 @@ def test_a_start_whose_answer_is_lost_leaves_exactly_one_server(remote: Remote, 
     profile = sim_profile(tmp_path, startup_s=0.3)
 
     def sims() -> list[int]:
-        return [p for p in server_processes(remote) if "specsweep.engines.sglang.sim" in Path(f"/proc/{p}/cmdline").read_bytes()
+        return [p for p in server_processes(remote) if "specsweep.targets.sim" in Path(f"/proc/{p}/cmdline").read_bytes()
                 .replace(b"\0", b" ").decode()]
 
     def cut_once_started() -> None:

@@ -219,7 +219,7 @@ def test_bench_through_the_tunnel_and_its_clear_errors(gpu: Gpu, tmp_path: Path,
     assert refused.returncode != 0 and time.monotonic() - t0 < SAID_WITHIN_S, refused.stderr
     assert "SSH authentication failed" in refused.stderr and f"port 30999 on {gpu.sshd.user}@{gpu.net.addr}" in refused.stderr
     # A server on the GPU host's loopback, measured through the same path as the flows'.
-    proc = subprocess.Popen(["ip", "netns", "exec", gpu.net.name, sys.executable, "-m", "specsweep.engines.sglang.sim", "--port",
+    proc = subprocess.Popen(["ip", "netns", "exec", gpu.net.name, sys.executable, "-m", "specsweep.targets.sim", "--port",
                              "30998", "--sim-profile", "tiny-fast", "--startup-s", "0.1"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -340,7 +340,7 @@ def test_bench_with_the_load_generator_on_the_host(gpu: Gpu, tmp_path: Path) -> 
     # No specsweep in the host's interpreter: said before any level, naming the field and the fix.
     config.write_text(gpu.host.model_copy(update={"load_generator": "host", "host_python": "/usr/bin/python3"})
                       .model_dump_json())
-    proc = subprocess.Popen(["ip", "netns", "exec", gpu.net.name, sys.executable, "-m", "specsweep.engines.sglang.sim", "--port",
+    proc = subprocess.Popen(["ip", "netns", "exec", gpu.net.name, sys.executable, "-m", "specsweep.targets.sim", "--port",
                              "30997", "--sim-profile", "tiny-fast", "--startup-s", "0.1"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

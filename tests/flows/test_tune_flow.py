@@ -148,7 +148,7 @@ async def test_sglang_grid_on_the_simulator_retried_like_the_ui_then_its_file_tr
         last = [json.loads(x[6:]) for x in one.text.split("\n\n") if x.startswith("data: {")][-1]
         details = last["sglext"]["spec_tokens_details"]
         assert details["spec_num_proposed_drafts"] == 3 * details["spec_verify_ct"]
-        from specsweep.engines.sglang.sim.server import read_adaptive_config
+        from specsweep.targets.sim.server import read_adaptive_config
 
         assert read_adaptive_config(json.dumps(adaptive)) == {1: [3], 2: [1], 5: [0]}
 

@@ -1,4 +1,4 @@
-"""Start the real simulator process (``python -m specsweep.engines.sglang.sim``) for a test."""
+"""Start the real simulator process (``python -m specsweep.targets.sim``) for a test."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def running_sim(*args: str, ready: bool = True, startup_s: float = 0.2,
     (``listening``: its imports alone took over a second once on a slow day), or at once."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "specsweep.engines.sglang.sim", "--port", str(port), "--startup-s", str(startup_s), *args],
+        [sys.executable, "-m", "specsweep.targets.sim", "--port", str(port), "--startup-s", str(startup_s), *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"

@@ -1,5 +1,5 @@
 """A real tokenizer.json, made with the ``tokenizers`` package (nothing downloaded)."""
 
-from specsweep.engines.vllm.models import make_tokenizer
+from specsweep.targets.vllm.models import make_tokenizer
 
 __all__ = ["make_tokenizer"]

@@ -8,7 +8,7 @@ from pathlib import Path
 from types import TracebackType
 
 from specsweep.engines.vllm import VLLMSettings
-from specsweep.engines.vllm.models import HFModels
+from specsweep.targets.vllm.models import HFModels
 
 
 def settings(models: HFModels, python: str, port: int, *, worker: bool = False, **fields: object) -> VLLMSettings:

@@ -14,13 +14,13 @@ from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
 from specsweep.engines.llamacpp import baseline as baseline_profile
 from specsweep.engines.llamacpp import default_models_dir
 from specsweep.engines.llamacpp import speculative as speculative_profile
-from specsweep.engines.llamacpp.models import ModelSpec, make_models
 from specsweep.hosts import LocalHost
 from specsweep.parameters import LifecycleOptions
 from specsweep.profiles import ServerProfile
 from specsweep.records import Level, LevelRow
 from specsweep.results import ResultsStore
 from specsweep.sweep import SweepJob, measure_level
+from specsweep.targets.llamacpp.models import ModelSpec, make_models
 from tasks.server import kill_server, start_server, wait_for_health
 from tests.conftest import pids_with_marker
 from tests.helpers.sshd import free_port
@@ -161,7 +161,7 @@ def test_the_vocabulary_is_pieces_llama_cpp_can_reach() -> None:
     """Every piece of the kept vocabulary is two earlier ones joined (llama.cpp joins only pieces whose join is
     itself a piece: one that is not would never be used), each printable character is there alone and after a
     word boundary, none twice; a smaller vocabulary keeps the characters and the first-learned pieces."""
-    from specsweep.engines.llamacpp.vocab import SPECIAL, pieces
+    from specsweep.targets.llamacpp.vocab import SPECIAL, pieces
 
     full = pieces(4096 - len(SPECIAL))
     assert len(full) == len(set(full)) == 4096 - len(SPECIAL)
@@ -184,7 +184,7 @@ def test_draft_model_alone_does_not_speculate() -> None:
     assert argv[argv.index("--spec-type") + 1] == "draft-simple" and "-md" in argv
     import xllamacpp
 
-    from specsweep.engines.llamacpp.launcher import build_params, parse_args
+    from specsweep.targets.llamacpp.launcher import build_params, parse_args
 
     only_md = build_params(parse_args(["-m", argv[argv.index("-m") + 1], "-md", argv[argv.index("-md") + 1]]))
     assert only_md.speculative.types == [xllamacpp.common_speculative_type.COMMON_SPECULATIVE_TYPE_NONE]

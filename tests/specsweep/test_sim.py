@@ -231,7 +231,7 @@ def test_adaptive_config_speculates_per_batch_tier(tmp_path: Path) -> None:
 
 def test_fixed_steps_cost_and_pay_in_proportion() -> None:
     """More draft steps: more tokens per verify step for one stream, at a higher price per step."""
-    from specsweep.engines.sglang.sim.model import PROFILES, expected_throughput
+    from specsweep.targets.sim.model import PROFILES, expected_throughput
 
     tiny = PROFILES["tiny-fast"]
     one = [expected_throughput(tiny, 1, True, s) for s in (0, 1, 3, 5)]

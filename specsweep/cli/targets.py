@@ -1,5 +1,6 @@
-"""The local target's own tools: ``specsweep make-models`` writes the tiny models and measures how often
-the target accepts the draft's tokens, on a real llama.cpp server (through the server API)."""
+"""The local targets' commands: ``specsweep make-models`` writes the tiny llama.cpp models and measures how
+often the target accepts the draft's tokens, on a real llama.cpp server (through the server API);
+``specsweep sim`` runs the SGLang simulator."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from specsweep.engines.llamacpp.models import ModelFiles, ModelSpec, make_models
+from specsweep.cli.app import app
 from specsweep.errors import NoAnswer, ServerStartError
 from specsweep.server.api import ServerAPI
+from specsweep.targets.llamacpp.models import ModelFiles, ModelSpec, make_models
+from specsweep.targets.sim.server import main as sim_main
 
 PROMPTS = [
     "the water was cold and the river",
@@ -23,7 +26,7 @@ PROMPTS = [
     "my mother said that the music",
     "one day the king found a horse",
 ]
-LAUNCHER = "specsweep.engines.llamacpp.launcher"
+LAUNCHER = "specsweep.targets.llamacpp.launcher"
 
 
 def _free_port() -> int:
@@ -69,6 +72,7 @@ def measure_acceptance(files: ModelFiles, *, draft_max: int = 4, max_tokens: int
         proc.wait(10)
 
 
+@app.command("make-models")
 def make_models_command(
     out: Annotated[Optional[Path], typer.Option(
         help="Directory for target.gguf and draft.gguf; default the folder the local target reads them from "
@@ -94,3 +98,10 @@ def make_models_command(
         typer.echo(f"draft acceptance measured: {rate:.0%} of {tokens} drafted tokens (draft-simple, draft max 4)")
     else:
         typer.echo("draft acceptance expected: about 80 % (draft-simple, draft max 4); --measure measures it")
+
+
+@app.command("sim", context_settings={"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []})
+def sim_command(ctx: typer.Context) -> None:
+    """Run the SGLang-compatible simulator (SGLang's launch flags plus --sim-profile, --startup-s, --seed,
+    --fault-*). Pass --help after 'sim' for its own options."""
+    sim_main(list(ctx.args))

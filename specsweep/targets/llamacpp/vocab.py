@@ -8,7 +8,7 @@ The pieces are byte-pair merges, learned once from the docstrings and comments o
 and kept in ``pieces.txt`` beside this module, so that every machine writes the same models (a standard
 library of another version would learn slightly other pieces). Each piece is the concatenation of two
 earlier ones, and its score ranks it by when it was learned, so llama.cpp joins the first-learned first.
-With 4,096 tokens an MT-Bench question is about 106 tokens. ``python -m specsweep.engines.llamacpp.vocab``
+With 4,096 tokens an MT-Bench question is about 106 tokens. ``python -m specsweep.targets.llamacpp.vocab``
 learns them again and writes the file.
 """
 

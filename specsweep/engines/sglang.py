@@ -42,8 +42,8 @@ from specsweep.records import RequestRecord
 #: SGLang's launcher and its scheduler and detokenizer processes (they rename themselves
 #: "sglang::scheduler_TP0" and the like, and can outlive the launcher), and the simulator's
 #: launcher: the leftover kill takes marked processes of these names only.
-CLEANUP = [r"sglang::", r"sglang\.launch_server", r"-m specsweep\.engines\.sglang\.sim\b"]
-SIM_MODULE = "specsweep.engines.sglang.sim"
+CLEANUP = [r"sglang::", r"sglang\.launch_server", r"-m specsweep\.targets\.sim\b"]
+SIM_MODULE = "specsweep.targets.sim"
 ADAPTIVE_FILE = "sglang-adaptive-config.json"
 _METHOD = {"EAGLE3": "eagle3", "EAGLE": "eagle", "NEXTN": "mtp", "MTP": "mtp"}
 
@@ -223,7 +223,7 @@ def _sim_preset(kind: Kind) -> Preset:
 class SGLang(Engine):
     name = "sglang"
     label = "SGLang"
-    launch_modules = ("sglang.launch_server", "specsweep.engines.sglang.sim")
+    launch_modules = ("sglang.launch_server", "specsweep.targets.sim")
     env_names = ("SGLANG_*",)
     settings = SGLangSettings
     grid_fields = {"num_steps": "steps", "eagle_topk": "topk", "num_draft_tokens": "draft"}

@@ -37,13 +37,13 @@ from specsweep.engines.base import (
     SpeculationSettings,
     flag,
 )
-from specsweep.engines.llamacpp.models import ModelSpec, make_models
 from specsweep.errors import ConfigError
 from specsweep.profiles import ServerProfile, make_profile
 from specsweep.records import RequestRecord
+from specsweep.targets.llamacpp.models import ModelSpec, make_models
 
 DEFAULT_PORT = 8081
-LAUNCHER = "specsweep.engines.llamacpp.launcher"
+LAUNCHER = "specsweep.targets.llamacpp.launcher"
 #: llama.cpp's --spec-type, as vLLM names the method.
 _METHOD = {"draft-simple": "draft_model", "ngram-simple": "ngram", "ngram-mod": "ngram"}
 
@@ -169,7 +169,7 @@ class LlamaCppSettings(EngineSettings):
 class LlamaCpp(Engine):
     name = "llamacpp"
     label = "llama.cpp"
-    launch_modules = ("specsweep.engines.llamacpp.launcher",)
+    launch_modules = ("specsweep.targets.llamacpp.launcher",)
     env_names = ("LLAMA_*",)
     settings = LlamaCppSettings
     grid_fields = {"draft_max": "dmax", "draft_min": "dmin", "draft_p_min": "pmin"}

@@ -34,7 +34,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from specsweep.engines.sglang.sim.model import (
+from specsweep.targets.sim.model import (
     CALIBRATION_STEPS,
     PROFILES,
     SimProfile,
@@ -45,7 +45,7 @@ from specsweep.engines.sglang.sim.model import (
     step_time,
 )
 
-log = logging.getLogger("specsweep.engines.sglang.sim")
+log = logging.getLogger("specsweep.targets.sim")
 _perf = time.perf_counter
 _WORDS = ("the model serves tokens quickly while the batch grows and the cache fills with keys values "
           "river light music garden window letter story answer number system").split()
@@ -124,7 +124,7 @@ def read_adaptive_config(text: str) -> dict[int, list[int]]:
     return tiers
 
 
-class Engine:
+class BatchLoop:
     """Continuous batching: one loop steps all running requests together."""
 
     def __init__(self, profile: SimProfile, speculative: bool, max_draft: int, max_running: int, rng: random.Random,
@@ -220,7 +220,7 @@ class SimServer:
         self.max_draft = args.speculative_num_steps if self.speculative else 0
         self.rng = random.Random(args.seed)
         max_running = args.max_running_requests or self.profile.max_running_requests
-        self.engine = Engine(self.profile, self.speculative, self.max_draft, max_running, self.rng, args.adaptive_tiers)
+        self.engine = BatchLoop(self.profile, self.speculative, self.max_draft, max_running, self.rng, args.adaptive_tiers)
         self.prompt_tokens_total = 0
         # A prefix cache as far as the benchmark can see it: a prompt seen since the last flush is a hit.
         self.cached: set[int] = set()

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specsweep.engines.llamacpp.vocab import SPECIAL, build_vocab
+from specsweep.targets.llamacpp.vocab import SPECIAL, build_vocab
 from specsweep.vocabulary import CHAT_TEMPLATE
 
 #: How the models are generated (vocabulary, weights, GGUF fields): raise it with any change to that code or to

@@ -1,6 +1,6 @@
 """``llama-server`` for machines without the binary: the same flags, over the xllamacpp wheel.
 
-    python -m specsweep.engines.llamacpp.launcher -m target.gguf --host 127.0.0.1 --port 8081 \
+    python -m specsweep.targets.llamacpp.launcher -m target.gguf --host 127.0.0.1 --port 8081 \
         -np 8 -c 8192 -t 2 --metrics [-md draft.gguf --spec-type draft-simple --draft-max 8]
 
 Like llama-server: the port refuses connections for a moment, /health answers 503

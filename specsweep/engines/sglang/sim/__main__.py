@@ -1,3 +1,0 @@
-from specsweep.engines.sglang.sim.server import main
-
-main()

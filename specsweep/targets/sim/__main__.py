@@ -1,0 +1,3 @@
+from specsweep.targets.sim.server import main
+
+main()
