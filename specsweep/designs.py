@@ -24,7 +24,19 @@ from typing import Protocol
 
 from specsweep.analysis.decision import DecisionConfig, baseline_needs_more, pair_needs_more, speculative_needs_more
 from specsweep.records import Level, LevelRow
-from specsweep.sweep import More, Point, run_in_turn, run_levels
+from specsweep.sweep import disturbance
+from specsweep.sweep.job import Point
+from specsweep.sweep.levels import (
+    MAX_SET_ASIDE,
+    PAIRED_WITH_DISTURBED,
+    Measure,
+    More,
+    OnLevel,
+    ServerCheck,
+    SetAside,
+    Sweeper,
+    run_levels,
+)
 
 
 class Serving(Protocol):
@@ -96,7 +108,7 @@ async def sequential(arms: Sequence[Arm], points: Sequence[Point], decision: Dec
 
 async def in_turn(arms: Sequence[Arm], points: Sequence[Point], more: Callable[[list[list[LevelRow]]], bool], *,
                   restart: bool, stop_at_saturation: bool = False) -> list[list[LevelRow]]:
-    """A block of each arm in turn at each level (``sweep.rotation``), round after round until ``more(rows
+    """A block of each arm in turn at each level (``rotation``), round after round until ``more(rows
     per arm)`` says enough: every server up side by side, or (``restart``) one at a time, started for each
     block. Arms an earlier try finished whole are not measured again."""
     done = [arm.finished() for arm in arms]
@@ -154,3 +166,94 @@ async def compare(base: Arm, spec: Arm, points: Sequence[Point], decision: Decis
         return base_rows, spec_rows
     return await alternate(base, spec, points, decision, num_requests, restart=decision.alternate_by == "restart",
                            stop_at_saturation=stop_at_saturation)
+
+
+# -- blocks in turn ------------------------------------------------------------------------------
+
+
+def rotation(arms: int, repeat: int) -> list[int]:
+    """Which arm measures first in a round: ABBA for two (so a drift within a pair falls on both alike),
+    a rotation for more (each arm in each place in turn)."""
+    if arms == 2:
+        return [0, 1] if repeat % 2 == 0 else [1, 0]
+    return [(repeat + i) % arms for i in range(arms)]
+
+async def run_in_turn(
+    sweep: list[Point],
+    measures: Sequence[Measure],
+    *,
+    more: Callable[[list[list[LevelRow]]], bool],
+    stop_at_saturation: bool = False,
+    checks: Sequence[ServerCheck | None] | None = None,
+    on_block: OnLevel | None = None,
+    on_saturation: Callable[[], None] | None = None,
+    set_asides: Sequence[SetAside | None] | None = None,
+) -> list[list[LevelRow]]:
+    """The alternate design: at each level, a block of each configuration in turn (``rotation``), round after
+    round until ``more(rows per configuration)`` says the level is decided. A round with a disturbed block
+    is set aside whole (the others marked as measured beside it) and measured again, at most MAX_SET_ASIDE
+    times per level. The first configuration's blocks decide the stop at saturation. Returns every block's
+    row of each configuration."""
+    k = len(measures)
+    checks = list(checks) if checks is not None else [None] * k
+    set_asides = list(set_asides) if set_asides is not None else [None] * k
+    state = Sweeper(stop_at_saturation, on_saturation)
+    out: list[list[LevelRow]] = [[] for _ in range(k)]
+    for n, point in enumerate(sweep, 1):
+        clean: list[list[LevelRow]] = [[] for _ in range(k)]
+        level_rows: list[list[LevelRow]] = [[] for _ in range(k)]
+        rounds = aside = 0
+        while True:
+            level = point.block(rounds)
+            rounds += 1
+            got: dict[int, LevelRow] = {}
+            for arm in rotation(k, level.repeat):
+                row = await state.block(measures[arm], level, checks[arm])
+                got[arm] = await state.judged(row, level_rows[arm], clean[arm], set_asides[arm])
+                level_rows[arm].append(got[arm])
+                if on_block is not None:
+                    await on_block(got[arm], n, len(sweep))
+            if any(r.disturbed is not None for r in got.values()):
+                for arm, row in got.items():
+                    if row.disturbed is None:
+                        got[arm] = row.model_copy(update={"disturbed": PAIRED_WITH_DISTURBED})
+                        if (store_it := set_asides[arm]) is not None:
+                            await store_it(got[arm])
+                for arm in range(k):
+                    out[arm].append(got[arm])
+                aside += 1
+                if aside > MAX_SET_ASIDE:
+                    break
+                continue
+            for arm in range(k):
+                out[arm].append(got[arm])
+                clean[arm].append(got[arm])
+            if await _set_aside_shifted_round(clean, out, set_asides):
+                aside += 1
+                if aside > MAX_SET_ASIDE:
+                    break
+                continue
+            if not more(clean):
+                break
+        if state.saturated_after(clean[0] or [r for r in out[0] if r.level_index == point.index]):
+            break
+    return out
+
+async def _set_aside_shifted_round(clean: list[list[LevelRow]], out: list[list[LevelRow]],
+                                   set_asides: Sequence[SetAside | None]) -> bool:
+    """Set aside the round whose paired ratio (each arm against the first) lies far outside the others'
+    (``disturbance.outlier_round``): its rows leave ``clean``, are marked in ``out`` and stored. True if one was."""
+    for arm in range(1, len(clean)):
+        found = disturbance.outlier_round([max(s.throughput, 1e-9) / max(b.throughput, 1e-9)
+                                       for b, s in zip(clean[0], clean[arm], strict=False)])
+        if found is None:
+            continue
+        index, why = found
+        for a in range(len(clean)):
+            row = clean[a].pop(index)
+            marked = row.model_copy(update={"disturbed": why})
+            out[a][next(i for i, r in enumerate(out[a]) if r is row)] = marked
+            if (store_it := set_asides[a]) is not None:
+                await store_it(marked)
+        return True
+    return False

@@ -25,7 +25,8 @@ from specsweep.parameters import BenchmarkSettings, LifecycleOptions
 from specsweep.profiles import ProfileParams, ServerProfile
 from specsweep.records import LevelRow
 from specsweep.results import ResultsStore
-from specsweep.sweep import Point, RunRecorder, SweepJob, finished_run, new_run_row, points
+from specsweep.results.run_record import RunRecorder, finished_run
+from specsweep.sweep import Point, SweepJob, new_run_row, points
 from tasks._common import artifact_key
 from tasks.blocks import aresolve_host, aresolve_profile, aresolve_results, aresolve_secret, check_allowed
 

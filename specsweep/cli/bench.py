@@ -37,10 +37,10 @@ from specsweep.profiles import describe_validation_error
 from specsweep.records import LevelRow
 from specsweep.reports.tables import console, summary_table
 from specsweep.results import ResultsStore, new_run_id
+from specsweep.results.run_record import RunRecorder
 from specsweep.server.fingerprint import server_fingerprint
 from specsweep.sweep import (
     BenchTarget,
-    RunRecorder,
     SweepJob,
     measure_level,
     new_run_row,

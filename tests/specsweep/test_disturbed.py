@@ -14,9 +14,10 @@ import pytest
 from specsweep import metrics
 from specsweep.analysis.decision import DecisionConfig, blocks_needed, pair_needs_more
 from specsweep.analysis.stats import ratio_interval
+from specsweep.designs import run_in_turn
 from specsweep.records import Level, LevelRow, LevelRun, RequestRecord
 from specsweep.results.store import ResultsStore
-from specsweep.sweep import MAX_SET_ASIDE, PAIRED_WITH_DISTURBED, Point, repeats, run_in_turn, run_levels
+from specsweep.sweep import MAX_SET_ASIDE, PAIRED_WITH_DISTURBED, Point, disturbance, repeats, run_levels
 
 
 def request(i: int, sent: float, end: float, tokens: int = 10, ok: bool = True) -> RequestRecord:
@@ -48,20 +49,20 @@ def run_of(records: list[RequestRecord], lag_max_ms: float = 1.0) -> tuple[Level
 
 def test_a_block_the_machine_disturbed_says_why() -> None:
     steady = [request(i, i * 1.0, i * 1.0 + 1.0) for i in range(4)]
-    assert metrics.disturbance(*run_of(steady)) is None
+    assert disturbance.disturbance(*run_of(steady)) is None
     failed = steady[:3] + [request(3, 3.0, 4.0, ok=False)]
-    assert "1 request(s) failed" in (metrics.disturbance(*run_of(failed)) or "")
-    assert "event loop stalled for 450 ms" in (metrics.disturbance(*run_of(steady, lag_max_ms=450)) or "")
+    assert "1 request(s) failed" in (disturbance.disturbance(*run_of(failed)) or "")
+    assert "event loop stalled for 450 ms" in (disturbance.disturbance(*run_of(steady, lag_max_ms=450)) or "")
     # A token every 0.09 s, then nothing for 1.5 s: a stall (the level's own TTFT is 0.19 s).
     stalled = steady[:2] + [request(2, 2.0, 4.5)]
     stalled[2].chunk_times_s = [2.1, 2.2, 3.7, 3.8, 3.9, 4.0, 4.1, 4.2, 4.3, 4.5]
-    why = metrics.disturbance(*run_of(stalled)) or ""
+    why = disturbance.disturbance(*run_of(stalled)) or ""
     assert why.startswith("no token arrived for 1.50 s"), why
     # The client lagged too, but by less than the gap: the rest of the gap is the server's stall.
-    why = metrics.disturbance(*run_of(stalled, lag_max_ms=450)) or ""
+    why = disturbance.disturbance(*run_of(stalled, lag_max_ms=450)) or ""
     assert why.startswith("no token arrived for 1.50 s"), why
     # A lag as long as the gap explains it: the client's.
-    assert "event loop stalled for 1600 ms" in (metrics.disturbance(*run_of(stalled, lag_max_ms=1600)) or "")
+    assert "event loop stalled for 1600 ms" in (disturbance.disturbance(*run_of(stalled, lag_max_ms=1600)) or "")
 
 
 def test_reading_a_long_prompt_is_the_engines_pace_not_a_stall() -> None:
@@ -74,21 +75,21 @@ def test_reading_a_long_prompt_is_the_engines_pace_not_a_stall() -> None:
         return r
 
     short = [at(i, i * 1.1, 0.1, 40) for i in range(10)]  # a token every 0.1 s: a gap over 1.0 s stands out
-    assert metrics.disturbance(*run_of([*short, at(10, 11.0, 1.5, 400)])) is None
+    assert disturbance.disturbance(*run_of([*short, at(10, 11.0, 1.5, 400)])) is None
     # Read in 3.5 s (3.5 times the others' pace, past PREFILL_FACTOR): the engine stalled while reading it.
-    why = metrics.disturbance(*run_of([*short, at(10, 11.0, 3.5, 400)])) or ""
+    why = disturbance.disturbance(*run_of([*short, at(10, 11.0, 3.5, 400)])) or ""
     assert why.startswith("no token arrived for 1.60 s"), why  # 3.6 s less the 2.0 s its 400 tokens explain
     # Where the prompt's length is not known, nothing explains the gap.
     blind = [*short, at(10, 11.0, 1.5, 400)]
     for r in blind:
         r.prompt_tokens = None
-    assert (metrics.disturbance(*run_of(blind)) or "").startswith("no token arrived for 1.60 s")
+    assert (disturbance.disturbance(*run_of(blind)) or "").startswith("no token arrived for 1.60 s")
 
 
 def test_an_outlier_is_far_from_its_levels_other_blocks() -> None:
-    assert metrics.outlier(250.0, [500.0, 510.0, 495.0]) is not None  # half of the others
-    assert metrics.outlier(450.0, [500.0, 510.0, 495.0]) is None  # within 1.5x
-    assert metrics.outlier(250.0, [500.0, 510.0]) is None  # too few others to judge by
+    assert disturbance.outlier(250.0, [500.0, 510.0, 495.0]) is not None  # half of the others
+    assert disturbance.outlier(450.0, [500.0, 510.0, 495.0]) is None  # within 1.5x
+    assert disturbance.outlier(250.0, [500.0, 510.0]) is None  # too few others to judge by
 
 
 def row(throughput: float, repeat: int, disturbed: str | None = None, name: str = "a") -> LevelRow:
@@ -182,7 +183,7 @@ async def test_a_round_the_machine_shifted_inside_is_set_aside_once_the_others_s
     interval = ratio_interval([x for x, _ in clean], [y for _, y in clean], paired=True)
     assert interval.high is not None and interval.high < 1.0  # one shifted round no longer hides the answer
     # Ordinary noise is not a shift: nothing is set aside.
-    assert metrics.outlier_round([0.95, 0.99, 1.02, 0.97, 1.01]) is None
+    assert disturbance.outlier_round([0.95, 0.99, 1.02, 0.97, 1.01]) is None
 
 
 def test_the_noise_of_the_first_blocks_sizes_what_a_level_needs() -> None:
