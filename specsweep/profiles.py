@@ -7,6 +7,7 @@ the flows take as a parameter: the same pydantic model either way.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import tomllib
 from pathlib import Path
@@ -26,6 +27,14 @@ from pydantic import (
 from specsweep import bounded_regex
 from specsweep.errors import ConfigError
 from specsweep.redact import Redactor, mask_argv, mask_env, refuse_key_parameter, secrets_in_argv, secrets_in_env
+
+#: An environment variable's name, as the start script may export it (one pattern for every check of one).
+ENV_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+
+
+def is_env_name(name: str) -> bool:
+    return re.fullmatch(ENV_NAME, name) is not None
+
 
 #: Set in every server's environment; inherited by all its descendants, even those that
 #: leave its session, so a kill finds them all (and leftovers of earlier runs). A kill takes
@@ -109,7 +118,7 @@ class ProfileParams(BaseModel):
         "the key reaches the server through its environment, which no other user can read. "
         "{api_key} in argv also works, for an engine that only takes a flag (--api-key), but then every "
         "user of the host sees the key in ps.",
-        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        pattern=f"^{ENV_NAME}$",
     )
     private_tmp_env: list[str] = Field(
         default_factory=list,
@@ -140,10 +149,8 @@ class ProfileParams(BaseModel):
     @field_validator("env", "env_secrets")
     @classmethod
     def _env(cls, env: dict[str, str]) -> dict[str, str]:
-        import re
-
         for key in env:
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            if not is_env_name(key):
                 raise ValueError(f"environment variable name {key!r} is not valid: use letters, digits and _")
             if key in (MARKER_ENV, START_ENV):
                 raise ValueError(f"{key} is set by specsweep itself")

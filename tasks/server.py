@@ -30,7 +30,7 @@ from prefect.cache_policies import NO_CACHE
 from specsweep.bench.config import RequestOptions
 from specsweep.bench.remote import HostLoadGenerator, on_host
 from specsweep.hosts import Host
-from specsweep.hosts.base import START_COMMAND_TIMEOUT_S
+from specsweep.hosts.scripts import START_COMMAND_TIMEOUT_S
 from specsweep.hosts.tunnel import ServerPath, open_path
 from specsweep.parameters import LifecycleOptions
 from specsweep.profiles import ServerProfile

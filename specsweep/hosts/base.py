@@ -10,16 +10,29 @@ Implementations differ only in how they run one command: ``LocalHost`` with
 from __future__ import annotations
 
 import re
-import shlex
 import signal
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
 from specsweep.errors import CommandError, ServerStartError
 from specsweep.hosts.config import HostConfig
+from specsweep.hosts.scripts import (
+    ENVIRON_SCRIPT,
+    ENVIRON_VALUE_SCRIPT,
+    FILE_NAME,
+    READ_FROM_SCRIPT,
+    REMOVE_STALE_TMP_SCRIPT,
+    SS_PID,
+    START_COMMAND_TIMEOUT_S,
+    START_SCRIPT,
+    WRITE_PRIVATE_SCRIPT,
+    check_env_names,
+    env_script,
+)
+from specsweep.profiles import is_env_name
 
 
 @dataclass(frozen=True)
@@ -61,85 +74,6 @@ class ProcessInfo:
         return not self.state.startswith(("Z", "X"))
 
 
-# The environment arrives on stdin as `export NAME='value'` lines (names checked, values quoted with
-# shlex.quote) and an end line (a start whose input was cut short by a dropped link starts
-# nothing, rather than a server without its marker), so that no value, secrets included, is ever
-# on a command line that ps shows every user. The log is a new file (created exclusively, 0600: never
-# an existing file, never through a link) in ~/.specsweep/logs, whose folders are created 0700 where
-# missing and refused when one is a symbolic link, another user's, or writable by others. Then it
-# enters cwd and starts "$@" in a new session with the log as its output. setsid does not fork
-# here (the background child is not a group leader), so $! is the server's pid, its process
-# group id and its session id. It prints the pid and the log's path, and the CUDA_VISIBLE_DEVICES
-# the server was given (by the profile or the login's environment), which the GPU check after a
-# kill reads. A start given a private temporary folder (~/.specsweep/tmp/NAME, and the names of the
-# variables to point at it) creates it the same way (0700, of the login, no link in the way) once
-# nothing else can fail, exports each variable as its path and prints it; where a Unix socket's path
-# in it (a UUID name: 37 more bytes) would pass the 107 bytes allowed, it makes none.
-_START_SCRIPT = r"""umask 077
-log=$1; cwd=$2; tmp=$3; tmpvars=$4; shift 4
-environment=$(cat)
-case $environment in
-  *"$_ENV_END") ;;
-  *) echo "the environment did not arrive whole: not starting" >&2; exit 95;;
-esac
-eval "$environment" || exit 95
-case $log in
-  "~/.specsweep/logs/"*) log=$HOME/${log#"~/"};;
-  *) echo "$log is not in ~/.specsweep/logs" >&2; exit 96;;
-esac
-case ${log#"$HOME/.specsweep/logs/"} in */* | .* | "") echo "$log is not a plain name in ~/.specsweep/logs" >&2; exit 96;; esac
-if [ -n "$tmp" ]; then
-  case $tmp in
-    "~/.specsweep/tmp/"*) tmp=$HOME/${tmp#"~/"};;
-    *) echo "$tmp is not in ~/.specsweep/tmp" >&2; exit 96;;
-  esac
-  case ${tmp#"$HOME/.specsweep/tmp/"} in */* | .* | "") echo "$tmp is not a plain name in ~/.specsweep/tmp" >&2; exit 96;; esac
-fi
-private_folder() {
-  if [ ! -e "$1" ] && [ ! -L "$1" ]; then mkdir -m 700 -- "$1" || exit 97; fi
-  if [ -L "$1" ] || [ ! -d "$1" ]; then echo "$1 is a symbolic link or not a directory" >&2; exit 96; fi
-  if [ ! -O "$1" ]; then echo "$1 belongs to another user" >&2; exit 96; fi
-  case $(stat -c %a -- "$1") in
-    *[2367]? | *[2367]) echo "$1 is writable by other users" >&2; exit 96;;
-  esac
-}
-private_folder "$HOME/.specsweep"
-private_folder "$HOME/.specsweep/logs"
-( set -C; : > "$log" ) 2>/dev/null || { echo "$log exists already (or is a link): a log is always a new file" >&2; exit 96; }
-if [ -n "$cwd" ]; then cd -- "$cwd" || exit 98; fi
-if [ -n "$tmp" ] && [ "$(printf %s "$tmp" | LC_ALL=C wc -c)" -le 70 ]; then
-  private_folder "$HOME/.specsweep/tmp"
-  private_folder "$tmp"
-  for name in $tmpvars; do export "$name=$tmp"; done
-else
-  tmp=
-fi
-setsid "$@" </dev/null >>"$log" 2>&1 &
-echo "$! $log"
-if [ -n "${CUDA_VISIBLE_DEVICES+set}" ]; then printf 'CUDA_VISIBLE_DEVICES=%s\n' "$CUDA_VISIBLE_DEVICES"; fi
-if [ -n "$tmp" ]; then printf 'PRIVATE_TMP=%s\n' "$tmp"; fi
-"""
-
-_ENV_END = ": end of the environment"
-_START_SCRIPT = _START_SCRIPT.replace("$_ENV_END", _ENV_END)
-
-#: How long the start command may take to answer (it returns as soon as the server is forked).
-START_COMMAND_TIMEOUT_S = 60.0
-
-
-def _check_env_names(names: Iterable[str]) -> None:
-    for name in names:
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-            raise ServerStartError(f"environment variable name {name!r} is not valid: use letters, digits and _")
-
-
-def env_script(env: Mapping[str, str]) -> bytes:
-    """The environment as the start script reads it from stdin: one quoted export per variable."""
-    _check_env_names(env)
-    lines = [f"export {name}={shlex.quote(value)}\n" for name, value in env.items()]
-    return ("".join(lines) + _ENV_END + "\n").encode()
-
-
 @dataclass(frozen=True)
 class Started:
     """What a detached start reports: the pid (also its process group and session) and the log's path."""
@@ -150,43 +84,6 @@ class Started:
     #: Its private temporary folder (None: none asked for, or a socket's path in it would be too long).
     tmp_dir: str | None = None
 
-
-_READ_FROM_SCRIPT = r"""tail -c +"$1" -- "$2" 2>/dev/null | head -c "$3" """
-
-_ENVIRON_SCRIPT = r"""grep -lsazx -e "$1" /proc/[0-9]*/environ; exit 0"""
-
-_ENVIRON_VALUE_SCRIPT = r"""tr '\0' '\n' < "/proc/$1/environ" 2>/dev/null | sed -n "s/^$2=/=/p" | head -n 1"""
-
-_SS_PID = re.compile(r"pid=(\d+)")
-
-#: Writes stdin to ~/.specsweep/files/NAME, readable by the login user alone, whole or not at all.
-_WRITE_PRIVATE_SCRIPT = r"""umask 077; d="$HOME/.specsweep/files"; mkdir -p -- "$d" && [ ! -L "$d" ] && \
-chmod 700 -- "$d" && cat > "$d/.$1.tmp" && mv -f -- "$d/.$1.tmp" "$d/$1" && printf '%s' "$d/$1" """
-_FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}")
-
-#: Removes the login's private temporary folders ~/.specsweep/tmp/<port>-<token> whose start no live process
-#: carries any more (SPECSWEEP_START=<token>... in its environment) and prints each one removed; a folder of another
-#: start ($1 is the kill's own token) younger than 2 minutes stays too (its start may not have exec'd yet). Fails
-#: closed: where the processes' environments cannot be read, nothing is removed. (A process that rewrites its own
-#: environment, as a retitled engine worker does, shows no token: its start's folder is protected by the others.)
-_REMOVE_STALE_TMP_SCRIPT = r"""d="$HOME/.specsweep/tmp"; [ -d "$d" ] && [ ! -L "$d" ] && [ -O "$d" ] || exit 0
-printf 'SPECSWEEP_START=0\0' | grep -qaz '^SPECSWEEP_START=0' || {
-  echo "grep here cannot read process environments (-a, -z): nothing removed" >&2; exit 0; }
-live=$({ grep -hsaoz '^SPECSWEEP_START=[0-9a-f]*' /proc/[0-9]*/environ; echo "rc=$?"; } | tr '\0' ' ')
-case $live in *rc=[012]) ;; *) echo "the processes' environments could not be read: nothing removed" >&2; exit 0;; esac
-live=" $live"
-for t in "$d"/*; do
-  [ -d "$t" ] && [ ! -L "$t" ] && [ -O "$t" ] || continue
-  name=${t#"$d/"}; port=${name%%-*}; tok=${name#*-}
-  case $port in "" | *[!0-9]*) continue;; esac
-  case $tok in "" | *[!0-9a-f]*) continue;; esac
-  [ ${#tok} -eq 12 ] || continue
-  case $live in *" SPECSWEEP_START=$tok"*) continue;; esac
-  if [ "$tok" != "$1" ] && [ -z "$(find "$t" -maxdepth 0 -mmin +2)" ]; then continue; fi
-  chmod -R u+w -- "$t" 2>/dev/null
-  if rm -rf -- "$t" 2>/dev/null && [ ! -e "$t" ]; then printf '%s\n' "$t"; else echo "could not remove $t" >&2; fi
-done
-exit 0"""
 
 
 class Host(ABC):
@@ -275,8 +172,8 @@ class Host(ABC):
         """
         if not argv:
             raise ServerStartError("nothing to start: the launch argv is empty")
-        _check_env_names(tmp_env)
-        script = ["sh", "-c", _START_SCRIPT, "sh", log_path, cwd or "", tmp_dir or "", " ".join(tmp_env), *argv]
+        check_env_names(tmp_env)
+        script = ["sh", "-c", START_SCRIPT, "sh", log_path, cwd or "", tmp_dir or "", " ".join(tmp_env), *argv]
         result = self.run(script, timeout=START_COMMAND_TIMEOUT_S, retry=False, input=env_script(env or {}))
         if result.exit_code == 95:
             raise ServerStartError(f"the server's environment did not reach {self.label} whole "
@@ -354,20 +251,20 @@ class Host(ABC):
 
     def pids_with_env(self, name: str, value: str) -> list[int]:
         """Pids whose environment holds exactly ``name=value`` (inherited by every descendant)."""
-        out = self.run(["sh", "-c", _ENVIRON_SCRIPT, "sh", f"{name}={value}"], timeout=30).stdout
+        out = self.run(["sh", "-c", ENVIRON_SCRIPT, "sh", f"{name}={value}"], timeout=30).stdout
         return sorted(int(m) for m in re.findall(r"/proc/(\d+)/environ", out))
 
     def environ_value(self, pid: int, name: str) -> str | None:
         """The value of ``name`` in a process's environment (None when unset or unreadable)."""
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        if not is_env_name(name):
             raise ValueError(f"not an environment variable name: {name!r}")
-        out = self.run(["sh", "-c", _ENVIRON_VALUE_SCRIPT, "sh", str(int(pid)), name], timeout=30).stdout
+        out = self.run(["sh", "-c", ENVIRON_VALUE_SCRIPT, "sh", str(int(pid)), name], timeout=30).stdout
         return out.rstrip("\n")[1:] if out.startswith("=") else None
 
     def port_owners(self, port: int) -> list[int]:
         """Pids of the processes listening on TCP ``port`` (any address)."""
         out = self.run(["ss", "-Hltnp", "sport", "=", f":{int(port)}"], timeout=30).stdout
-        return sorted({int(p) for p in _SS_PID.findall(out)})
+        return sorted({int(p) for p in SS_PID.findall(out)})
 
     def port_listening(self, port: int) -> bool:
         out = self.run(["ss", "-Hltn", "sport", "=", f":{int(port)}"], timeout=30).stdout
@@ -375,15 +272,15 @@ class Host(ABC):
 
     def read_from(self, path: str, offset: int, limit: int = 1 << 20) -> bytes:
         """Up to ``limit`` bytes of a file from byte ``offset``; empty when it does not exist."""
-        argv = ["sh", "-c", _READ_FROM_SCRIPT, "sh", str(int(offset) + 1), path, str(int(limit))]
+        argv = ["sh", "-c", READ_FROM_SCRIPT, "sh", str(int(offset) + 1), path, str(int(limit))]
         return self.run(argv, timeout=60).stdout_bytes
 
     def write_private_file(self, name: str, data: bytes) -> str:
         """Write ``data`` to ``~/.specsweep/files/<name>`` on the host (mode 600, replaced atomically) and
         return its path: a file a server loads, such as an engine's per-batch speculation setting."""
-        if not _FILE_NAME.fullmatch(name):
+        if not FILE_NAME.fullmatch(name):
             raise ValueError(f"file name {name!r}: use letters, digits, '.', '_' and '-'")
-        result = self._raise_for(self.run(["sh", "-c", _WRITE_PRIVATE_SCRIPT, "sh", name], timeout=60, input=data))
+        result = self._raise_for(self.run(["sh", "-c", WRITE_PRIVATE_SCRIPT, "sh", name], timeout=60, input=data))
         return result.stdout.strip()
 
     def remove_stale_tmp_dirs(self, token: str = "") -> tuple[list[str], str]:
@@ -392,7 +289,7 @@ class Host(ABC):
         went wrong (empty when nothing did); a folder a live process's start still uses is left alone."""
         if token and not re.fullmatch(r"[0-9a-f]+", token):
             raise ValueError(f"start token {token!r} is not hexadecimal")
-        result = self._raise_for(self.run(["sh", "-c", _REMOVE_STALE_TMP_SCRIPT, "sh", token[:12]], timeout=60))
+        result = self._raise_for(self.run(["sh", "-c", REMOVE_STALE_TMP_SCRIPT, "sh", token[:12]], timeout=60))
         return [line for line in result.stdout.split("\n") if line], result.stderr.strip()
 
     def tail(self, path: str, lines: int = 40) -> str:

@@ -15,7 +15,7 @@ import pytest
 
 from specsweep.errors import ServerStartError
 from specsweep.hosts import LocalHost
-from specsweep.hosts.base import _START_SCRIPT, env_script
+from specsweep.hosts.scripts import START_SCRIPT, env_script
 from specsweep.server.lifecycle import kill_server, start_server
 from tests.conftest import MakeToy, pids_with_env, wait_ready
 from tests.helpers.other_user import ensure_user
@@ -53,7 +53,7 @@ async def test_api_key_and_secret_env_are_not_on_any_command_line(host: LocalHos
 def test_a_start_whose_environment_was_cut_short_starts_nothing(host: LocalHost, tmp_path: Path) -> None:
     marker = "ssw-cut-short-7781"
     env = env_script({"SOME_SETTING": "x" * 100, "SPECSWEEP_SERVER_PORT": marker})
-    argv = ["sh", "-c", _START_SCRIPT, "sh", f"~/.specsweep/logs/cut-short-{os.getpid()}.log", "", "", "",
+    argv = ["sh", "-c", START_SCRIPT, "sh", f"~/.specsweep/logs/cut-short-{os.getpid()}.log", "", "", "",
             "sleep", "300"]
     result = host.run(argv, input=env[: len(env) - 12])
     assert result.exit_code == 95 and "did not arrive whole" in result.stderr
