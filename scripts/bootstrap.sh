@@ -7,6 +7,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 mode=${1:-main}
+case $mode in main | test) ;; *) echo "bootstrap: mode must be main or test (got $mode)" >&2; return 2 2>/dev/null || exit 2;; esac
 
 missing=()
 command -v ss >/dev/null && command -v ip >/dev/null || missing+=(iproute2)

@@ -3,7 +3,7 @@
 # Stop everything with: bash scripts/ui.sh stop
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-source scripts/bootstrap.sh
+source scripts/bootstrap.sh main  # its own mode: this script's arguments are not bootstrap's
 PORT=${PREFECT_PORT:-4200}
 export PREFECT_SERVER_ANALYTICS_ENABLED=false
 export PREFECT_API_URL="http://127.0.0.1:${PORT}/api"

@@ -52,9 +52,6 @@ DEFAULT_TMP_DIR = "~/.specsweep/tmp"
 # Command lines a cleanup pattern must not all match: a pattern that does takes every process.
 _UNRELATED_COMMANDS = ("x", "0", "sleep 1", "/usr/sbin/sshd -D", "-bash", "python3 train.py --epochs 3")
 
-PLACEHOLDERS = ("{host}", "{port}", "{api_key}")
-
-
 class ProfileParams(BaseModel):
     """One server configuration as flows take it: everything but the API key itself, which
     would show in the Prefect UI as a parameter. Flows read it from the Secret block named

@@ -297,6 +297,10 @@ class LevelRow(Row):
 
 RunStatus = Literal["running", "completed", "failed", "cancelled"]
 
+#: The environment a run was measured in, kept as the run row's own columns (the rest of its fingerprint as JSON);
+#: runs that differ in one of them are not compared by accident.
+FINGERPRINT_COLUMNS = ("gpu", "gpu_count", "driver", "engine_version", "model")
+
 
 class RunRow(Row):
     """A run as stored (the ``runs`` dataset): one configuration measured on one host."""

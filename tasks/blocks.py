@@ -27,6 +27,7 @@ from specsweep.errors import ConfigError
 from specsweep.hosts.config import HostConfig, SSHEndpoint, SSHLogin
 from specsweep.profiles import ProfileParams, ServerProfile
 from specsweep.results import ResultsLocation
+from specsweep.results.location import ResultsFields
 
 _known_files: dict[str, Path] = {}
 
@@ -208,7 +209,7 @@ async def aresolve_profile(profile: ProfileParams, field: str = "profile") -> Se
     return ServerProfile.model_validate(data)
 
 
-class ResultsBlock(Block):
+class ResultsBlock(Block, ResultsFields):
     """A results root (local folder or filesystem URL) with the credentials it needs.
 
         ResultsBlock(url="s3://bench-results/specsweep", endpoint_url="http://minio:9000",
@@ -220,15 +221,8 @@ class ResultsBlock(Block):
     _block_type_slug = "specsweep-results"
     _description = "Where specsweep keeps its Parquet results and reports."
 
-    url: str = Field(description="A local path (shared by the workers), file://, s3://bucket/prefix, gs://… .")
-    endpoint_url: str | None = Field(None, description="S3-compatible endpoint (MinIO, Ceph…); default AWS.")
-    region: str | None = Field(None, description="Bucket region.")
-    access_key_id: SecretStr | None = Field(None, description="Access key id; default from the worker's environment.")
-    secret_access_key: SecretStr | None = Field(None, description="Secret access key; default from the environment.")
-
     def location(self) -> ResultsLocation:
-        return ResultsLocation(url=self.url, endpoint_url=self.endpoint_url, region=self.region,
-                               access_key_id=self.access_key_id, secret_access_key=self.secret_access_key)
+        return ResultsLocation.model_validate(self.model_dump(include=set(ResultsFields.model_fields)))
 
 
 async def aresolve_results(results: str, results_block: str | None) -> ResultsLocation:

@@ -42,8 +42,11 @@ from specsweep.sweep import BenchTarget
 from tasks._common import retry_transient, run_logger
 from tasks.started import StartRecord, forget_start, record_start
 
+#: The stages' retries and timeouts as typed defaults (``LifecycleOptions``); each call applies the run's own.
+_DEFAULT_STAGES = LifecycleOptions()
 
-@task(name="kill_server", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=[2, 5], timeout_seconds=900)
+
+@task(name="kill_server", cache_policy=NO_CACHE, **_DEFAULT_STAGES.kill.task_options())
 async def _kill(host: Host, profile: ServerProfile, handle: ServerHandle | None = None,
                 token: str | None = None) -> KillReport:
     logger = run_logger(profile, host)
@@ -54,7 +57,7 @@ async def kill_server(host: Host, profile: ServerProfile, stages: LifecycleOptio
                       handle: ServerHandle | None = None, token: str | None = None) -> KillReport:
     """Stop the server of ``handle`` (or of the start ``token``), else specsweep's leftovers for the
     profile's port (the SSH user's processes that carry its marker); verify nothing is left."""
-    return await _kill.with_options(**(stages or LifecycleOptions()).kill.task_options())(host, profile, handle, token)
+    return await _kill.with_options(**(stages or _DEFAULT_STAGES).kill.task_options())(host, profile, handle, token)
 
 
 T = TypeVar("T")
@@ -86,8 +89,7 @@ async def _thread_to_its_end(work: Callable[[threading.Event], T], logger: Logge
         raise
 
 
-@task(name="start_server", cache_policy=NO_CACHE, retries=1, retry_delay_seconds=5, retry_condition_fn=retry_transient,
-      timeout_seconds=300)
+@task(name="start_server", cache_policy=NO_CACHE, retry_condition_fn=retry_transient, **_DEFAULT_STAGES.start.task_options())
 async def _start(host: Host, profile: ServerProfile, kill_port_holder: bool = False, token: str | None = None) -> ServerHandle:
     logger = run_logger(profile, host)
     # A server started after the timeout is left to the final kill that follows (by this start's token).
@@ -213,7 +215,7 @@ async def _final_kill(host: Host, profile: ServerProfile, stages: LifecycleOptio
         return exc
 
 
-@task(name="wait_for_health", cache_policy=NO_CACHE, retries=0)
+@task(name="wait_for_health", cache_policy=NO_CACHE, **_DEFAULT_STAGES.wait.task_options())
 async def _wait(server: Server) -> health.HealthReport:
     profile, host = server.profile, server.host
     logger = run_logger(profile, host)

@@ -27,10 +27,10 @@ from specsweep.analysis.traffic import TrafficView, traffic_view
 from specsweep.analysis.verify import ARMS, Verification, verify_levels
 from specsweep.engines import PerBatchSetting, SpeculationSettings
 from specsweep.errors import ConfigError, MeasurementError
-from specsweep.records import LevelRow, RunRow
+from specsweep.records import FINGERPRINT_COLUMNS, LevelRow, RunRow
 from specsweep.results import ResultsStore
 
-FINGERPRINT_KEYS = ("gpu", "gpu_count", "driver", "engine_version", "model")
+FINGERPRINT_KEYS = FINGERPRINT_COLUMNS
 SLO_COLUMNS = ("mode", "level_value", "repeat", "warmup", "ttft_ms", "tpot_ms", "output_tokens", "error_type")
 
 

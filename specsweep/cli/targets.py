@@ -5,7 +5,6 @@ often the target accepts the draft's tokens, on a real llama.cpp server (through
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ import typer
 
 from specsweep.cli.app import app
 from specsweep.errors import NoAnswer, ServerStartError
+from specsweep.hosts.tunnel import free_local_port
 from specsweep.server.api import ServerAPI
 from specsweep.targets.llamacpp.models import ModelFiles, ModelSpec, make_models
 from specsweep.targets.sim.server import main as sim_main
@@ -27,12 +27,6 @@ PROMPTS = [
     "one day the king found a horse",
 ]
 LAUNCHER = "specsweep.targets.llamacpp.launcher"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _measure(url: str, proc: subprocess.Popen[bytes], max_tokens: int) -> tuple[float, int]:
@@ -61,7 +55,7 @@ async def _measure(url: str, proc: subprocess.Popen[bytes], max_tokens: int) -> 
 
 def measure_acceptance(files: ModelFiles, *, draft_max: int = 4, max_tokens: int = 96) -> tuple[float, int]:
     """Serve the pair with draft speculation; return (accepted / drafted, drafted) over a few greedy requests."""
-    port = _free_port()
+    port = free_local_port()
     argv = [sys.executable, "-m", LAUNCHER, "-m", str(files.target), "-md", str(files.draft), "--spec-type",
             "draft-simple", "--spec-draft-n-max", str(draft_max), "--port", str(port), "-np", "1", "-c", "2048", "-t", "2"]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -249,10 +249,6 @@ class SSHHost(Host):
         """The live SSH transport (connecting, or reconnecting once, as needed): tunnels open channels on it."""
         return self._transport(reconnect=reconnect)
 
-    def current_transport(self) -> paramiko.Transport | None:
-        """The transport as it is, without connecting."""
-        return self._client.get_transport() if self._client else None
-
     def verified_host_keys(self) -> list[str]:
         """known_hosts lines of the host keys this connection verified (the target's and the jump host's),
         so that other SSH clients of this run trust exactly those."""

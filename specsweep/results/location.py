@@ -34,10 +34,8 @@ DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "data" / "results"
 OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "oss"})
 
 
-class ResultsLocation(BaseModel):
-    """A results root (local folder or filesystem URL) with the credentials it needs."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class ResultsFields(BaseModel):
+    """A results root's fields, declared once: the location itself and the Prefect block that names one."""
 
     url: str = Field(str(DEFAULT_ROOT), min_length=1,
                      description="A local path (shared by the workers), file://, s3://bucket/prefix, gs://… .")
@@ -45,6 +43,12 @@ class ResultsLocation(BaseModel):
     region: str | None = Field(None, description="Region of the bucket.")
     access_key_id: SecretStr | None = Field(None, description="Access key id; default from the environment.")
     secret_access_key: SecretStr | None = Field(None, description="Secret access key; default from the environment.")
+
+
+class ResultsLocation(ResultsFields):
+    """A results root (local folder or filesystem URL) with the credentials it needs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     def open(self) -> Location:
         return Location.open(self)

@@ -7,7 +7,7 @@ import json
 from types import TracebackType
 from typing import Any
 
-from specsweep.records import LevelRow, RunRow, RunStatus
+from specsweep.records import FINGERPRINT_COLUMNS, LevelRow, RunRow, RunStatus
 from specsweep.results.store import ResultsStore, now_iso
 
 
@@ -29,7 +29,7 @@ class RunRecorder:
     def record_fingerprint(self, fp: dict[str, Any]) -> None:
         """The environment: GPU, driver, engine version and model as columns, the rest as JSON."""
         fp = dict(fp)
-        columns = {k: fp.pop(k, None) for k in ("gpu", "gpu_count", "driver", "engine_version", "model")}
+        columns = {k: fp.pop(k, None) for k in FINGERPRINT_COLUMNS}
         fp.pop("host", None)
         self.update(**columns, fingerprint_json=json.dumps(fp, sort_keys=True, default=str))
 

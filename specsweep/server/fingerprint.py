@@ -13,8 +13,6 @@ from specsweep.hosts.base import Host
 from specsweep.server.api import ServerAPI
 from specsweep.server.gpus import describe_gpus
 
-FINGERPRINT_FIELDS = ("gpu", "gpu_count", "driver", "engine_version", "model")
-
 
 async def server_fingerprint(api: ServerAPI, engine: str = engines.CUSTOM) -> dict[str, Any]:
     """Model, engine version and the server arguments that matter for speculation, from its API."""
