@@ -225,91 +225,19 @@ def kill_server(
 def _kill(host: Host, profile: ServerProfile, found: dict[int, str], procs: dict[int, ProcessInfo],
           handle: ServerHandle | None, *, token: str | None, log: Logger, redact: Redactor,
           start: float) -> KillReport:
-    killed: dict[int, KilledProcess] = {}
+    """The kill in its steps: name what goes, signal it (SIGTERM, the grace, SIGKILL), then check that the
+    port and the GPUs were let go of, and remove the start's private folder."""
     visible = handle.cuda_visible_devices if handle is not None else None
     if found and handle is None:
         visible = host.environ_value(min(found), "CUDA_VISIBLE_DEVICES")
-    for pid, reason in found.items():
-        p = procs.get(pid)
-        killed[pid] = KilledProcess(
-            pid=pid,
-            pgid=p.pgid if p else pid,
-            reason=reason,
-            command=_mask_cmdline(p.args if p else "", redact),
-            signal="SIGTERM",
-        )
-        log.info("stopping pid %d (%s): %s", pid, reason, killed[pid].command[:200])
-
+    killed = _to_kill(found, procs, redact, log)
     if found:
-        protected = _protected_pids(host, procs)
-        own_groups = {procs[p].pgid for p in protected if p in procs}
-        # Whole groups only where every member is one this kill takes.
-        groups = {k.pgid for k in killed.values() if k.pgid not in own_groups and k.pgid > 1
-                  and all(p.pid in found for p in procs.values() if p.pgid == k.pgid and p.alive)}
-
-        def send(sig: int, pids: set[int]) -> None:
-            for g in sorted(groups):
-                host.signal_group(g, sig)
-            host.signal_pids(sorted(pids), sig)
-
-        remaining = set(found)
-        send(signal.SIGTERM, remaining)
-        deadline = time.monotonic() + profile.kill_grace_s
-        while remaining and time.monotonic() < deadline:
-            time.sleep(0.05)
-            remaining = _alive(host, remaining)
-        if remaining:
-            log.warning(
-                "%d process(es) ignored SIGTERM for %.0f s: sending SIGKILL to %s",
-                len(remaining), profile.kill_grace_s, sorted(remaining),
-            )
-            for pid in remaining:
-                killed[pid].signal = "SIGKILL"
-            send(signal.SIGKILL, remaining)
-            deadline = time.monotonic() + 10
-            while remaining and time.monotonic() < deadline:
-                time.sleep(0.05)
-                remaining = _alive(host, remaining)
-        if remaining:
-            raise KillError(
-                f"processes {sorted(remaining)} on {host.label} survived SIGKILL (stuck in the kernel?). "
-                "Check them with ps; a reboot may be needed."
-            )
-        # Anything that appeared meanwhile (a child forked during shutdown) goes too.
-        late = find_server_processes(host, profile, handle, token=token)
-        if late:
-            for pid, reason in late.items():
-                log.warning("a late process %d (%s) appeared during the kill: SIGKILL", pid, reason)
-            host.signal_pids(sorted(late), signal.SIGKILL)
-
-    port_free = True
-    if host.port_listening(profile.port):
-        # Ours may take a moment to let go of it; anyone else's is left alone.
-        port_free = bool(found) and host.wait_until(lambda: not host.port_listening(profile.port), timeout=10)
-        if not port_free:
-            holders = set(host.port_owners(profile.port))
-            if holders & set(found):
-                raise KillError(f"port {profile.port} on {host.label} is still held by {sorted(holders & set(found))} "
-                                "after the kill. Stop them by hand or choose another port.")
-            log.warning("port %d on %s is held by a process specsweep did not start, left alone: %s",
-                        profile.port, host.label, describe_port_holders(host, profile.port, redact))
-
-    # The killed processes must have let go of their GPU memory; what others hold on the same GPUs (another
-    # user's job on a shared host) is theirs.
-    held = gpus.memory_held_by(host, set(found)) if found else None
-    if held is not None:
-        deadline = time.monotonic() + profile.gpu_memory_timeout_s
-        while sum(held.values()) >= profile.gpu_memory_free_mib and time.monotonic() < deadline:
-            time.sleep(1.0)
-            held = gpus.memory_held_by(host, set(found)) or {}
-        if sum(held.values()) >= profile.gpu_memory_free_mib:
-            raise KillError(
-                f"the killed server's processes {sorted(held)} on {host.label} still hold "
-                f"{sum(held.values())} MiB of GPU memory after {profile.gpu_memory_timeout_s:.0f} s (limit "
-                f"{profile.gpu_memory_free_mib} MiB): look at them with nvidia-smi.")
+        _signal_until_gone(host, profile, found, procs, killed, log)
+        _kill_late_children(host, profile, handle, token, log)
+    port_free = _port_let_go(host, profile, found, redact, log)
+    _gpu_memory_let_go(host, profile, found)
     gpu = gpus.memory_used(host, visible) if found else None
     removed = _remove_tmp_dirs(host, profile, (handle.token if handle is not None else "") or token or "", log)
-
     report = KillReport(
         host=host.label,
         port=profile.port,
@@ -321,6 +249,97 @@ def _kill(host: Host, profile: ServerProfile, found: dict[int, str], procs: dict
     )
     log.info("%s", report.summary())
     return report
+
+
+def _to_kill(found: dict[int, str], procs: dict[int, ProcessInfo], redact: Redactor,
+             log: Logger) -> dict[int, KilledProcess]:
+    """What this kill takes, each with why (its marker or token) and its command line, masked."""
+    killed: dict[int, KilledProcess] = {}
+    for pid, reason in found.items():
+        p = procs.get(pid)
+        killed[pid] = KilledProcess(pid=pid, pgid=p.pgid if p else pid, reason=reason,
+                                    command=_mask_cmdline(p.args if p else "", redact), signal="SIGTERM")
+        log.info("stopping pid %d (%s): %s", pid, reason, killed[pid].command[:200])
+    return killed
+
+
+def _signal_until_gone(host: Host, profile: ServerProfile, found: dict[int, str], procs: dict[int, ProcessInfo],
+                       killed: dict[int, KilledProcess], log: Logger) -> None:
+    """SIGTERM, up to the profile's grace, then SIGKILL (recorded per process); a process that outlives SIGKILL
+    is a KillError. Whole process groups are signalled only where this kill takes every member."""
+    protected = _protected_pids(host, procs)
+    own_groups = {procs[p].pgid for p in protected if p in procs}
+    groups = {k.pgid for k in killed.values() if k.pgid not in own_groups and k.pgid > 1
+              and all(p.pid in found for p in procs.values() if p.pgid == k.pgid and p.alive)}
+
+    def send(sig: int, pids: set[int]) -> None:
+        for g in sorted(groups):
+            host.signal_group(g, sig)
+        host.signal_pids(sorted(pids), sig)
+
+    def wait_gone(pids: set[int], seconds: float) -> set[int]:
+        deadline = time.monotonic() + seconds
+        while pids and time.monotonic() < deadline:
+            time.sleep(0.05)
+            pids = _alive(host, pids)
+        return pids
+
+    remaining = set(found)
+    send(signal.SIGTERM, remaining)
+    remaining = wait_gone(remaining, profile.kill_grace_s)
+    if remaining:
+        log.warning("%d process(es) ignored SIGTERM for %.0f s: sending SIGKILL to %s",
+                    len(remaining), profile.kill_grace_s, sorted(remaining))
+        for pid in remaining:
+            killed[pid].signal = "SIGKILL"
+        send(signal.SIGKILL, remaining)
+        remaining = wait_gone(remaining, 10)
+    if remaining:
+        raise KillError(f"processes {sorted(remaining)} on {host.label} survived SIGKILL (stuck in the kernel?). "
+                        "Check them with ps; a reboot may be needed.")
+
+
+def _kill_late_children(host: Host, profile: ServerProfile, handle: ServerHandle | None, token: str | None,
+                        log: Logger) -> None:
+    """Anything of this server that appeared meanwhile (a child forked during shutdown) goes too."""
+    late = find_server_processes(host, profile, handle, token=token)
+    if late:
+        for pid, reason in late.items():
+            log.warning("a late process %d (%s) appeared during the kill: SIGKILL", pid, reason)
+        host.signal_pids(sorted(late), signal.SIGKILL)
+
+
+def _port_let_go(host: Host, profile: ServerProfile, found: dict[int, str], redact: Redactor, log: Logger) -> bool:
+    """Whether the port is free: ours may take a moment to let go of it (a KillError if it never does); anyone
+    else's is left alone, with a warning that names it."""
+    if not host.port_listening(profile.port):
+        return True
+    port_free = bool(found) and host.wait_until(lambda: not host.port_listening(profile.port), timeout=10)
+    if not port_free:
+        holders = set(host.port_owners(profile.port))
+        if holders & set(found):
+            raise KillError(f"port {profile.port} on {host.label} is still held by {sorted(holders & set(found))} "
+                            "after the kill. Stop them by hand or choose another port.")
+        log.warning("port %d on %s is held by a process specsweep did not start, left alone: %s",
+                    profile.port, host.label, describe_port_holders(host, profile.port, redact))
+    return port_free
+
+
+def _gpu_memory_let_go(host: Host, profile: ServerProfile, found: dict[int, str]) -> None:
+    """The killed processes must have let go of their GPU memory within the profile's time (a KillError
+    otherwise); what others hold on the same GPUs (another user's job on a shared host) is theirs."""
+    held = gpus.memory_held_by(host, set(found)) if found else None
+    if held is None:
+        return
+    deadline = time.monotonic() + profile.gpu_memory_timeout_s
+    while sum(held.values()) >= profile.gpu_memory_free_mib and time.monotonic() < deadline:
+        time.sleep(1.0)
+        held = gpus.memory_held_by(host, set(found)) or {}
+    if sum(held.values()) >= profile.gpu_memory_free_mib:
+        raise KillError(
+            f"the killed server's processes {sorted(held)} on {host.label} still hold "
+            f"{sum(held.values())} MiB of GPU memory after {profile.gpu_memory_timeout_s:.0f} s (limit "
+            f"{profile.gpu_memory_free_mib} MiB): look at them with nvidia-smi.")
 
 
 def _remove_tmp_dirs(host: Host, profile: ServerProfile, token: str, log: Logger) -> list[str]:
