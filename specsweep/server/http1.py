@@ -50,6 +50,10 @@ class HTTPStatusError(Exception):
         self.status = status
 
 
+#: The states of a response being parsed.
+HEAD, CHUNK_SIZE, CHUNK_DATA, CHUNK_END, LENGTH_BODY, UNTIL_CLOSE, TRAILER, DONE = range(8)
+
+
 class _Response:
     """Incremental parser of one response; body bytes go to ``on_data`` when the status is 200."""
 
@@ -59,7 +63,7 @@ class _Response:
     def __init__(self, on_data: OnData, done: asyncio.Future[None]) -> None:
         self.on_data = on_data
         self.buf = b""
-        self.state = 0  # 0 head, 1 chunk size, 2 chunk data, 3 chunk CRLF, 4 length body, 5 until close, 6 trailer, 9 done
+        self.state = HEAD
         self.status = 0
         self.remaining = 0
         self.chunked = False
@@ -75,7 +79,7 @@ class _Response:
             self.error_body += data
 
     def _finish(self) -> None:
-        self.state = 9
+        self.state = DONE
         if not self.done.done():
             if self.status == 200:
                 self.done.set_result(None)
@@ -83,118 +87,150 @@ class _Response:
                 self.done.set_exception(HTTPStatusError(self.status, bytes(self.error_body)))
 
     def fail(self, exc: BaseException) -> None:
-        self.state, self.keep_alive, self.buf = 9, False, b""
+        self.state, self.keep_alive, self.buf = DONE, False, b""
         if not self.done.done():
             self.done.set_exception(exc)
 
     def feed(self, data: bytes, now: float) -> None:
-        """Parse what arrived. A broken answer (or one the body's consumer refuses) fails the request
+        """Parse what arrived, one step of the state the response is in at a time; each step returns the bytes
+        it left (none: wait for more). A broken answer (or one the body's consumer refuses) fails the request
         with ProtocolError at once; nothing is raised into the socket callback."""
         try:
             self.got_bytes = True
             buf = self.buf + data if self.buf else data
             self.buf = b""
+            steps = _STEPS
             while buf:
-                st = self.state
-                if st == 2:  # chunk data: the hot path
-                    n = self.remaining
-                    if len(buf) <= n:
-                        self._body(buf, now)
-                        self.remaining = n - len(buf)
-                        if self.remaining == 0:
-                            self.state = 3
-                        return
-                    self._body(buf[:n], now)
-                    buf = buf[n:]
-                    self.remaining = 0
-                    self.state = 3
-                elif st == 1 or st == 3 or st == 6:
-                    i = buf.find(b"\r\n")
-                    if i < 0:
-                        if len(buf) > MAX_LINE:
-                            raise ProtocolError(f"a chunk-size or trailer line longer than {MAX_LINE // 1024} KiB")
-                        self.buf = buf
-                        return
-                    line, buf = buf[:i], buf[i + 2:]
-                    if st == 3:
-                        if line:
-                            raise ProtocolError(f"chunk data not followed by CRLF (got {line[:40]!r})")
-                        self.state = 1
-                    elif st == 6:
-                        if not line:
-                            self._finish()
-                            return
-                    else:
-                        digits = line.split(b";", 1)[0].strip()
-                        if not digits or len(digits) > 16 or digits.strip(b"0123456789abcdefABCDEF"):
-                            raise ProtocolError(f"bad chunk size {line[:40]!r}")
-                        size = int(digits, 16)
-                        if size == 0:
-                            self.state = 6
-                        else:
-                            self.remaining, self.state = size, 2
-                elif st == 4:
-                    n = self.remaining
-                    piece = buf[:n]
-                    self._body(piece, now)
-                    self.remaining = n - len(piece)
-                    buf = buf[len(piece):]
-                    if self.remaining == 0:
-                        self._finish()
-                        return
-                elif st == 5:
-                    self._body(buf, now)
-                    return
-                elif st == 0:
-                    i = buf.find(b"\r\n\r\n")
-                    if i < 0 or i > MAX_HEAD:
-                        if len(buf) > MAX_HEAD:
-                            raise ProtocolError(f"response headers longer than {MAX_HEAD // 1024} KiB")
-                        self.buf = buf
-                        return
-                    head, buf = buf[:i], buf[i + 4:]
-                    lines = head.split(b"\r\n")
-                    parts = lines[0].split(b" ", 2)
-                    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or len(parts[1]) != 3 or not parts[1].isdigit():
-                        raise ProtocolError(f"bad status line {lines[0][:80]!r}")
-                    self.status = int(parts[1])
-                    length = None
-                    for h in lines[1:]:
-                        name, _, value = h.partition(b":")
-                        name = name.strip().lower()
-                        value = value.strip().lower()
-                        if name == b"transfer-encoding" and b"chunked" in value:
-                            self.chunked = True
-                        elif name == b"content-length":
-                            if not value.isdigit():
-                                raise ProtocolError(f"bad Content-Length {value[:40]!r}")
-                            length = int(value)
-                        elif name == b"connection" and value == b"close":
-                            self.keep_alive = False
-                    if parts[0] == b"HTTP/1.0":
-                        self.keep_alive = False
-                    if self.chunked:
-                        self.state = 1
-                    elif length is not None:
-                        self.remaining, self.state = length, 4
-                        if length == 0:
-                            self._finish()
-                            return
-                    else:
-                        self.state, self.keep_alive = 5, False
-                else:  # 9: bytes after the end of a response: the connection is not reusable
-                    self.keep_alive = False
-                    return
+                buf = steps[self.state](self, buf, now)
         except ProtocolError as exc:
             self.fail(exc)
         except Exception as exc:  # noqa: BLE001 - the consumer's parser met something it cannot read
             self.fail(ProtocolError(f"{type(exc).__name__}: {exc}"))
 
-    def eof(self) -> None:
-        if self.state == 5:
+    def _chunk_data(self, buf: bytes, now: float) -> bytes:  # the hot path
+        n = self.remaining
+        if len(buf) <= n:
+            self._body(buf, now)
+            self.remaining = n - len(buf)
+            if self.remaining == 0:
+                self.state = CHUNK_END
+            return b""
+        self._body(buf[:n], now)
+        self.remaining, self.state = 0, CHUNK_END
+        return buf[n:]
+
+    def _line(self, buf: bytes) -> tuple[bytes, bytes] | None:
+        """The next CRLF-ended line and what follows it; None (the bytes kept) until one has arrived whole."""
+        i = buf.find(b"\r\n")
+        if i < 0:
+            if len(buf) > MAX_LINE:
+                raise ProtocolError(f"a chunk-size or trailer line longer than {MAX_LINE // 1024} KiB")
+            self.buf = buf
+            return None
+        return buf[:i], buf[i + 2:]
+
+    def _chunk_size(self, buf: bytes, now: float) -> bytes:
+        got = self._line(buf)
+        if got is None:
+            return b""
+        line, buf = got
+        digits = line.split(b";", 1)[0].strip()
+        if not digits or len(digits) > 16 or digits.strip(b"0123456789abcdefABCDEF"):
+            raise ProtocolError(f"bad chunk size {line[:40]!r}")
+        size = int(digits, 16)
+        if size == 0:
+            self.state = TRAILER
+        else:
+            self.remaining, self.state = size, CHUNK_DATA
+        return buf
+
+    def _chunk_end(self, buf: bytes, now: float) -> bytes:
+        got = self._line(buf)
+        if got is None:
+            return b""
+        line, buf = got
+        if line:
+            raise ProtocolError(f"chunk data not followed by CRLF (got {line[:40]!r})")
+        self.state = CHUNK_SIZE
+        return buf
+
+    def _trailer(self, buf: bytes, now: float) -> bytes:
+        got = self._line(buf)
+        if got is None:
+            return b""
+        line, buf = got
+        if not line:
             self._finish()
-        elif self.state != 9 and not self.done.done():
+            return b""
+        return buf
+
+    def _length_body(self, buf: bytes, now: float) -> bytes:
+        n = self.remaining
+        piece = buf[:n]
+        self._body(piece, now)
+        self.remaining = n - len(piece)
+        if self.remaining == 0:
+            self._finish()
+            return b""
+        return buf[len(piece):]
+
+    def _until_close(self, buf: bytes, now: float) -> bytes:
+        self._body(buf, now)
+        return b""
+
+    def _head(self, buf: bytes, now: float) -> bytes:
+        i = buf.find(b"\r\n\r\n")
+        if i < 0 or i > MAX_HEAD:
+            if len(buf) > MAX_HEAD:
+                raise ProtocolError(f"response headers longer than {MAX_HEAD // 1024} KiB")
+            self.buf = buf
+            return b""
+        head, buf = buf[:i], buf[i + 4:]
+        lines = head.split(b"\r\n")
+        parts = lines[0].split(b" ", 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or len(parts[1]) != 3 or not parts[1].isdigit():
+            raise ProtocolError(f"bad status line {lines[0][:80]!r}")
+        self.status = int(parts[1])
+        length = None
+        for h in lines[1:]:
+            name, _, value = h.partition(b":")
+            name = name.strip().lower()
+            value = value.strip().lower()
+            if name == b"transfer-encoding" and b"chunked" in value:
+                self.chunked = True
+            elif name == b"content-length":
+                if not value.isdigit():
+                    raise ProtocolError(f"bad Content-Length {value[:40]!r}")
+                length = int(value)
+            elif name == b"connection" and value == b"close":
+                self.keep_alive = False
+        if parts[0] == b"HTTP/1.0":
+            self.keep_alive = False
+        if self.chunked:
+            self.state = CHUNK_SIZE
+        elif length is not None:
+            self.remaining, self.state = length, LENGTH_BODY
+            if length == 0:
+                self._finish()
+                return b""
+        else:
+            self.state, self.keep_alive = UNTIL_CLOSE, False
+        return buf
+
+    def _after_end(self, buf: bytes, now: float) -> bytes:
+        self.keep_alive = False  # bytes after the end of a response: the connection is not reusable
+        return b""
+
+    def eof(self) -> None:
+        if self.state == UNTIL_CLOSE:
+            self._finish()
+        elif self.state != DONE and not self.done.done():
             self.done.set_exception(ConnectionLost("the server closed the connection before the response ended"))
+
+
+#: Each state's step, indexed by the state.
+_STEPS = (_Response._head, _Response._chunk_size, _Response._chunk_data, _Response._chunk_end, _Response._length_body,
+          _Response._until_close, _Response._trailer, _Response._after_end)
 
 
 class _Conn(asyncio.Protocol):
