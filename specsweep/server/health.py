@@ -139,109 +139,133 @@ async def wait_for_health(
     """Poll until the server is ready; raise ServerCrashedError, ServerUnreachableError or
     HealthTimeoutError otherwise. ``path``: the client's way to the server (a tunnel is reported
     as down, apart from the server not being ready yet)."""
-    log = logger or _log
-    redact = profile.redactor()
-    timeout_s = profile.startup_timeout_s if timeout_s is None else timeout_s
-    url = api.base_url + profile.health_path
-    follower = _LogFollower(host, handle.log_path, (lambda line: on_log_line(redact(line))) if on_log_line else None)
-    start = time.monotonic()
-    deadline = start + timeout_s
-    interval = FIRST_INTERVAL_S
-    next_poll = start
-    next_check = start
-    attempts = 0
-    logged, logged_at = "", 0.0
-    last = "no attempt yet"
-    unreachable = _Unreachable(host, profile.port)
-    tunnel_was_down = False
+    wait = _HealthWait(host, profile, handle, api, path, profile.startup_timeout_s if timeout_s is None else timeout_s,
+                       logger or _log, on_log_line)
+    return await wait.run()
 
-    async def log_tail() -> str:
-        try:
-            tail = await asyncio.to_thread(host.tail, handle.log_path, LOG_TAIL_LINES)
-        except HostError as exc:
-            return f"(cannot read the log: {redact(str(exc))})"
-        return redact(tail.rstrip()) or "(the log is empty)"
 
-    log.info("waiting for %s to become ready at %s (timeout %.0f s)", profile.name, url, timeout_s)
-    while True:
-        now = time.monotonic()
-        if now >= next_check:
-            alive = await _host_check(host, follower, handle, log)
-            if alive is False:
-                await _quietly(follower.poll)
-                follower.flush()
-                raise ServerCrashedError(
-                    f"server {profile.name} (pid {handle.pid}) on {host.label} exited while starting, "
-                    f"{now - start:.1f} s into the wait. Last lines of {handle.log_path}:\n{await log_tail()}"
-                )
-            next_check = now + PROCESS_CHECK_S
-            down = path.problem() if path is not None else None
-            if down and not tunnel_was_down:
-                log.warning("the tunnel to %s is down: %s (this is not the server: it is being reopened)",
-                            profile.name, down)
-            elif tunnel_was_down and not down:
-                log.info("the tunnel to %s is up again", profile.name)
-            tunnel_was_down = bool(down)
-        if now >= next_poll:
-            attempts += 1
-            status: int | None
-            try:
-                status = await api.status(profile.health_path, timeout_s=_left(deadline, api.timeout_s))
-                last = f"HTTP {status}"
-                refused = False
-            except NoAnswer as exc:
-                status = None
-                last = "connection refused" if exc.refused else str(exc)
-                refused = exc.refused
-            elapsed = time.monotonic() - start
-            if refused and not tunnel_was_down and await unreachable.listening_yet_unreachable():
-                raise ServerUnreachableError(
-                    f"server {profile.name} listens on port {profile.port} on {host.label} (the host says so), but the "
-                    f"client cannot reach it at {api.base_url}{f' ({path.how})' if path else ''}: {last}. Check the "
-                    f"address it binds to (profile host {profile.host!r}: a tunnel delivers to that address on the "
-                    "host) and, for direct traffic, the firewall and http_address."
-                )
-            if status is not None:
-                unreachable.reset()
-            if status == 200:
-                probe_ok = None
-                if profile.readiness_probe:
-                    problem = await api.probe(profile.probe_path, timeout_s=_left(deadline, 60.0))
-                    probe_ok = problem is None
-                    if problem:
-                        last = problem
-                        status = None
-                if status == 200:
-                    await _quietly(follower.poll)
-                    follower.flush()
-                    report = HealthReport(
-                        url=url,
-                        ready=True,
-                        time_to_ready_s=time.time() - handle.started_at,
-                        waited_s=elapsed,
-                        attempts=attempts,
-                        probe_ok=probe_ok,
-                    )
-                    log.info(
-                        "%s is ready after %.1f s (attempt %d, %.1f s since start)",
-                        profile.name, elapsed, attempts, report.time_to_ready_s,
-                    )
+class _HealthWait:
+    """One wait for health, in its steps: each tick checks the process (and forwards its log lines) and the
+    tunnel every PROCESS_CHECK_S, polls the health path at a growing interval, and ends ready, crashed,
+    unreachable or timed out."""
+
+    def __init__(self, host: Host, profile: ServerProfile, handle: ServerHandle, api: ServerAPI,
+                 path: ServerPath | None, timeout_s: float, log: Logger,
+                 on_log_line: Callable[[str], None] | None) -> None:
+        self.host, self.profile, self.handle, self.api, self.path, self.log = host, profile, handle, api, path, log
+        self.timeout_s = timeout_s
+        self.redact = profile.redactor()
+        self.url = api.base_url + profile.health_path
+        self.follower = _LogFollower(host, handle.log_path,
+                                     (lambda line: on_log_line(self.redact(line))) if on_log_line else None)
+        self.start = time.monotonic()
+        self.deadline = self.start + timeout_s
+        self.interval = FIRST_INTERVAL_S
+        self.next_poll = self.next_check = self.start
+        self.attempts = 0
+        self.logged, self.logged_at = "", 0.0
+        self.last = "no attempt yet"
+        self.unreachable = _Unreachable(host, profile.port)
+        self.tunnel_was_down = False
+
+    async def run(self) -> HealthReport:
+        self.log.info("waiting for %s to become ready at %s (timeout %.0f s)", self.profile.name, self.url,
+                      self.timeout_s)
+        while True:
+            now = time.monotonic()
+            if now >= self.next_check:
+                await self.check_process(now)
+                self.check_tunnel()
+                self.next_check = now + PROCESS_CHECK_S
+            if now >= self.next_poll:
+                if (report := await self.attempt()) is not None:
                     return report
-            if last != logged or elapsed - logged_at >= PROGRESS_EVERY_S:
-                logged, logged_at = last, elapsed
-                if status in (None, 502, 503) or status == 200:
-                    log.info("health attempt %d after %.1f s: not ready (%s)", attempts, elapsed, last)
-                else:
-                    log.warning("health attempt %d after %.1f s: unexpected %s, polling on", attempts, elapsed, last)
-            interval = min(interval * GROWTH, profile.health_poll_max_interval_s)
-            next_poll = time.monotonic() + interval
-        now = time.monotonic()
-        if now >= deadline:
-            await _quietly(follower.poll)
-            follower.flush()
-            raise HealthTimeoutError(
-                f"server {profile.name} on {host.label} was not ready after {timeout_s:.0f} s "
-                f"({attempts} attempts; last: {last}). It is still running; raise startup_timeout_s if it "
-                f"is merely slow. Last lines of {handle.log_path}:\n{await log_tail()}"
-            )
-        await asyncio.sleep(max(0.0, min(next_poll, next_check, deadline) - now))
+                self.interval = min(self.interval * GROWTH, self.profile.health_poll_max_interval_s)
+                self.next_poll = time.monotonic() + self.interval
+            now = time.monotonic()
+            if now >= self.deadline:
+                await self.flush_log()
+                raise HealthTimeoutError(
+                    f"server {self.profile.name} on {self.host.label} was not ready after {self.timeout_s:.0f} s "
+                    f"({self.attempts} attempts; last: {self.last}). It is still running; raise startup_timeout_s if "
+                    f"it is merely slow. Last lines of {self.handle.log_path}:\n{await self.log_tail()}")
+            await asyncio.sleep(max(0.0, min(self.next_poll, self.next_check, self.deadline) - now))
+
+    async def check_process(self, now: float) -> None:
+        """Forward new log lines; a server process that exited fails the wait with its log's last lines."""
+        if await _host_check(self.host, self.follower, self.handle, self.log) is False:
+            await self.flush_log()
+            raise ServerCrashedError(
+                f"server {self.profile.name} (pid {self.handle.pid}) on {self.host.label} exited while starting, "
+                f"{now - self.start:.1f} s into the wait. Last lines of {self.handle.log_path}:\n{await self.log_tail()}")
+
+    def check_tunnel(self) -> None:
+        """Say when the client's tunnel goes down or comes back: that is not the server."""
+        down = self.path.problem() if self.path is not None else None
+        if down and not self.tunnel_was_down:
+            self.log.warning("the tunnel to %s is down: %s (this is not the server: it is being reopened)",
+                             self.profile.name, down)
+        elif self.tunnel_was_down and not down:
+            self.log.info("the tunnel to %s is up again", self.profile.name)
+        self.tunnel_was_down = bool(down)
+
+    async def attempt(self) -> HealthReport | None:
+        """One poll of the health path (and the readiness probe on a 200): the report when ready, else None."""
+        self.attempts += 1
+        status: int | None
+        try:
+            status = await self.api.status(self.profile.health_path, timeout_s=_left(self.deadline, self.api.timeout_s))
+            self.last, refused = f"HTTP {status}", False
+        except NoAnswer as exc:
+            status = None
+            self.last = "connection refused" if exc.refused else str(exc)
+            refused = exc.refused
+        elapsed = time.monotonic() - self.start
+        if refused and not self.tunnel_was_down and await self.unreachable.listening_yet_unreachable():
+            raise ServerUnreachableError(
+                f"server {self.profile.name} listens on port {self.profile.port} on {self.host.label} (the host says "
+                f"so), but the client cannot reach it at {self.api.base_url}{f' ({self.path.how})' if self.path else ''}: "
+                f"{self.last}. Check the address it binds to (profile host {self.profile.host!r}: a tunnel delivers to "
+                "that address on the host) and, for direct traffic, the firewall and http_address.")
+        if status is not None:
+            self.unreachable.reset()
+        probe_ok = None
+        if status == 200 and self.profile.readiness_probe:
+            problem = await self.api.probe(self.profile.probe_path, timeout_s=_left(self.deadline, 60.0))
+            probe_ok = problem is None
+            if problem:
+                self.last, status = problem, None
+        if status == 200:
+            return await self.ready(elapsed, probe_ok)
+        self.log_attempt(status, elapsed)
+        return None
+
+    async def ready(self, elapsed: float, probe_ok: bool | None) -> HealthReport:
+        await self.flush_log()
+        report = HealthReport(url=self.url, ready=True, time_to_ready_s=time.time() - self.handle.started_at,
+                              waited_s=elapsed, attempts=self.attempts, probe_ok=probe_ok)
+        self.log.info("%s is ready after %.1f s (attempt %d, %.1f s since start)", self.profile.name, elapsed,
+                      self.attempts, report.time_to_ready_s)
+        return report
+
+    def log_attempt(self, status: int | None, elapsed: float) -> None:
+        """An attempt is logged when its answer changes, and the same answer once every PROGRESS_EVERY_S."""
+        if self.last == self.logged and elapsed - self.logged_at < PROGRESS_EVERY_S:
+            return
+        self.logged, self.logged_at = self.last, elapsed
+        if status in (None, 502, 503, 200):
+            self.log.info("health attempt %d after %.1f s: not ready (%s)", self.attempts, elapsed, self.last)
+        else:
+            self.log.warning("health attempt %d after %.1f s: unexpected %s, polling on", self.attempts, elapsed,
+                             self.last)
+
+    async def flush_log(self) -> None:
+        await _quietly(self.follower.poll)
+        self.follower.flush()
+
+    async def log_tail(self) -> str:
+        try:
+            tail = await asyncio.to_thread(self.host.tail, self.handle.log_path, LOG_TAIL_LINES)
+        except HostError as exc:
+            return f"(cannot read the log: {self.redact(str(exc))})"
+        return self.redact(tail.rstrip()) or "(the log is empty)"
