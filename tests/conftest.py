@@ -50,11 +50,38 @@ LONGEST_FIRST = ["engines/test_vllm.py", "faults/test_tunnel.py",
                  "flows/test_host_lock.py"]
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+#: What the fast tier (``scripts/test.sh --fast``) leaves out: tests that need a Prefect server or the Prefect layer,
+#: the OpenSSH server, network namespaces, S3, PostgreSQL, the real vLLM or real llama.cpp servers. A test is heavy
+#: when it uses one of these fixtures, or its module imports from one of these modules, or it is marked heavy.
+HEAVY_FIXTURES = frozenset({"sshd", "ssh_host_config", "known_hosts", "prefect_harness", "vllm_python", "hf_models"})
+HEAVY_MODULES = ("tasks", "flows", "deployments", "tests.helpers.netns", "tests.helpers.prefect_server",
+                 "tests.helpers.s3", "tests.helpers.vllm", "specsweep.targets.llamacpp")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--fast", action="store_true", help="The fast tier: leave out the heavy tests (HEAVY_FIXTURES, "
+                     "HEAVY_MODULES).")
+
+
+def _heavy(item: pytest.Item) -> bool:
+    if HEAVY_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("heavy"):
+        return True
+    module = getattr(item, "module", None)
+    imported = {getattr(v, "__module__", None) or getattr(v, "__name__", "") for v in vars(module).values()} \
+        if module is not None else set()
+    return any(name and (name == m or name.startswith(m + ".")) for name in imported for m in HEAVY_MODULES)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> int:
         path = item.path.as_posix()
         return next((i for i, name in enumerate(LONGEST_FIRST) if path.endswith(name)), len(LONGEST_FIRST))
 
+    if config.getoption("--fast"):
+        heavy = [item for item in items if _heavy(item)]
+        if heavy:
+            config.hook.pytest_deselected(items=heavy)
+            items[:] = [item for item in items if not _heavy(item)]
     items.sort(key=rank)  # stable: the order within a file is kept
 
 

@@ -17,6 +17,9 @@ import pytest
 from tests.conftest import pids_with_marker
 from tests.helpers.sshd import free_port
 
+#: A temporary Prefect server in a process of its own: not in the fast tier.
+pytestmark = pytest.mark.heavy
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -7,6 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+#: A temporary Prefect server in a process of its own: not in the fast tier.
+pytestmark = pytest.mark.heavy
+
 ROOT = Path(__file__).resolve().parents[2]
 START = "from flows.temporary_server import start_temporary_server; print('serving at', start_temporary_server())"
 
