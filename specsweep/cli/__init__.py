@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import os
 
-from specsweep.cli import bench, results, server, targets
+from specsweep.cli import bench, results, route, server, targets
 from specsweep.cli.app import app
 
-__all__ = ["app", "bench", "main", "results", "server", "targets"]
+__all__ = ["app", "bench", "main", "results", "route", "server", "targets"]
 
 
 def main() -> None:
