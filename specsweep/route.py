@@ -1,5 +1,5 @@
 """``specsweep route``: a load-aware router in front of two servers of one model, for engines without a per-batch
-speculation switch (llama.cpp: its draft settings hold for every batch, and it ignores per-request draft limits).
+speculation switch (whose draft settings hold for every batch, and which ignore per-request draft limits).
 
     python -m specsweep.route --port 8090 --speculative http://127.0.0.1:8081 --baseline http://127.0.0.1:8082 \\
         --off-from 8
@@ -28,6 +28,8 @@ import aiohttp
 from aiohttp import web
 
 log = logging.getLogger("specsweep.route")
+#: How a launch command names the router (``python -m MODULE``).
+MODULE = "specsweep.route"
 
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/completion", "/completions", "/generate"})
 #: Headers that belong to one connection, not to the message (RFC 9110 7.6.1), and those aiohttp sets itself.

@@ -3,15 +3,17 @@ compared levels in turn with always off and always on (``specsweep.analysis.veri
 
 The recommended setting is the speculative profile with the engine's own per-batch flags
 (``specsweep.engines.base.with_setting``); a file the engine loads (SGLang's adaptive file) is written
-first to a private file on the host. Each arm is a run of its own in the store (``verifies`` names the
-comparison, ``verify_arm`` the arm), so the comparison's runs stay as they were, and a retried flow
-run keeps what the stage finished.
+first to a private file on the host. An engine without a per-batch switch runs it as ``specsweep route``
+in front of the two fixed policies' servers (so the three arms are up side by side). Each arm is a run of
+its own in the store (``verifies`` names the comparison, ``verify_arm`` the arm), so the comparison's runs
+stay as they were, and a retried flow run keeps what the stage finished.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sys
 
 from prefect import get_run_logger
 
@@ -19,9 +21,11 @@ from specsweep import designs
 from specsweep.analysis import verify
 from specsweep.analysis.compare import Comparison
 from specsweep.analysis.decision import DecisionConfig
-from specsweep.engines.base import split_command, with_setting
+from specsweep.engines.base import AS_RECOMMENDED, split_command, with_setting
+from specsweep.errors import ConfigError
 from specsweep.hosts import Host
 from specsweep.profiles import ServerProfile
+from specsweep.route import MODULE as ROUTER
 from tasks.arms import ServerArm
 from tasks.blocks import check_allowed
 from tasks.run import Configuration, Run
@@ -34,15 +38,28 @@ def verifiable(comparison: Comparison) -> str | None:
     setting = comparison.setting
     if setting is None:
         return "the speculative configuration's launch command does not say how it speculates"
-    if not setting.flags:
+    if not setting.flags and setting.route_off_from is None:
         return " ".join(setting.notes) or f"{setting.engine} has no per-batch speculation switch"
     return None
+
+
+def route_profile(base: ServerProfile, spec: ServerProfile, off_from: int, python: str, port: int) -> ServerProfile:
+    """``specsweep route`` in front of the baseline's and the speculative configuration's servers, as a server of its
+    own (started, waited for and killed as any other): the recommendation of an engine without a per-batch switch."""
+    def upstream(p: ServerProfile) -> str:
+        return f"http://{p.host}:{p.port}"
+
+    argv = [python, "-m", ROUTER, "--host", "{host}", "--port", "{port}", "--speculative", upstream(spec),
+            "--baseline", upstream(base), "--off-from", str(off_from)]
+    return spec.model_copy(update={"name": spec.name + AS_RECOMMENDED, "argv": argv, "port": port, "env": {},
+                                   "env_secrets": {}, "private_tmp_env": [], "cwd": None, "cleanup_patterns": [],
+                                   "readiness_probe": False, "kill_grace_s": 5.0})
 
 
 def schedule_profile(spec: ServerProfile, comparison: Comparison, host: Host, run_id: str) -> ServerProfile:
     """The speculative profile started with the recommendation (its file written on the host first)."""
     setting = comparison.setting
-    assert setting is not None and setting.flags
+    assert setting is not None and setting.flags is not None
     path = None
     if setting.file_name and setting.file_name in split_command(setting.flags):
         path = host.write_private_file(f"{run_id}-{setting.file_name}", json.dumps(setting.content).encode())
@@ -57,15 +74,28 @@ async def verify_recommendation(run: Run, host: Host, base: Configuration, spec:
     if (why := verifiable(comparison)) is not None:
         logger.warning("verify: not run: %s", why)
         return False
-    schedule = await asyncio.to_thread(schedule_profile, spec.profile, comparison, host, spec.job.run_id)
+    setting = comparison.setting
+    assert setting is not None
     restart = decision.alternate_by == "restart"
-    if not restart:  # three servers side by side
-        schedule = schedule.model_copy(update={"port": max(base.profile.port, spec.profile.port) + 1})
+    port = max(base.profile.port, spec.profile.port) + 1
+    if setting.route_off_from is not None:
+        if restart:
+            logger.info("verify: the router needs both servers up: the three arms run side by side")
+            restart = False
+        if base.profile.port == spec.profile.port:
+            raise ConfigError("verify: the router needs the baseline and the speculative server up at once: give them "
+                              "different ports (decision.alternate_by side-by-side does)")
+        python = sys.executable if run.host.kind == "local" else run.host.host_python
+        schedule = route_profile(base.profile, spec.profile, setting.route_off_from, python, port)
+    else:
+        schedule = await asyncio.to_thread(schedule_profile, spec.profile, comparison, host, spec.job.run_id)
+        if not restart:  # three servers side by side
+            schedule = schedule.model_copy(update={"port": port})
     check_allowed(run.host, [schedule])
     key = f"{base.job.run_id}--{spec.job.run_id}"
     logger.info("verify: %s (%s) against always off and always on, at %s", schedule.name,
-                comparison.setting.flags if comparison.setting else "", ", ".join(str(lv.concurrency)
-                                                                                for lv in comparison.levels))
+                setting.flags or f"specsweep route --off-from {setting.route_off_from}",
+                ", ".join(str(lv.concurrency) for lv in comparison.levels))
     arms = [ServerArm(run, host, await run.configuration(profile, host.label, verifies=(key, arm)))
             for profile, arm in zip((base.profile, spec.profile, schedule), verify.ARMS, strict=True)]
     levels = {lv.concurrency for lv in comparison.levels}

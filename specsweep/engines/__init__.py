@@ -51,8 +51,9 @@ def of_settings(settings: EngineSettings) -> Engine:
 
 
 def check_verifiable(name: str, what: str = "decision.verify") -> None:
-    """Refuse the verify stage for an engine that cannot run a per-batch setting, saying why."""
-    if name in ENGINES and (why := ENGINES[name].no_per_batch_switch):
+    """Refuse the verify stage for an engine that can run a per-batch setting neither itself nor behind
+    ``specsweep route``, saying why."""
+    if name in ENGINES and (why := ENGINES[name].no_per_batch_switch) and not ENGINES[name].routed:
         raise ConfigError(f"{what}: {why} Leave verify off for {ENGINES[name].label}.")
 
 

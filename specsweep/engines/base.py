@@ -67,6 +67,9 @@ class PerBatchSetting(BaseModel):
     file_name: str | None = Field(None, description="The file the engine loads (None: the engine has no switch).")
     content: Any = Field(None, description="The file's JSON content.")
     flags: str | None = Field(None, description="The launch flags that load it.")
+    route_off_from: int | None = Field(
+        None, ge=1, description="For an engine without a per-batch switch: the requests in flight from which "
+        "`specsweep route`, in front of a speculative and a baseline server, sends requests to the baseline.")
     notes: tuple[str, ...] = ()
 
 
@@ -103,6 +106,9 @@ class Engine:
     #: What it can take of a recommendation: None when one server can run the per-batch setting (the verify
     #: stage runs it); else why not, in a sentence.
     no_per_batch_switch: ClassVar[str | None] = None
+    #: Without a per-batch switch, whether its recommendation runs as two servers behind ``specsweep route`` (the
+    #: verify stage then runs that).
+    routed: ClassVar[bool] = False
     #: The Python modules its presets launch (``python -m MODULE``): what a worker's default policy lets it start
     #: (specsweep's own under this interpreter or the checkout's .venv, the engine's under ``python``/``python3``).
     launch_modules: ClassVar[tuple[str, ...]] = ()

@@ -26,6 +26,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from specsweep import route
 from specsweep.engines.base import (
     Engine,
     EngineSettings,
@@ -44,6 +45,7 @@ from specsweep.targets.llamacpp.models import ModelSpec, make_models
 
 DEFAULT_PORT = 8081
 LAUNCHER = "specsweep.targets.llamacpp.launcher"
+
 #: llama.cpp's --spec-type, as vLLM names the method.
 _METHOD = {"draft-simple": "draft_model", "ngram-simple": "ngram", "ngram-mod": "ngram"}
 
@@ -169,7 +171,7 @@ class LlamaCppSettings(EngineSettings):
 class LlamaCpp(Engine):
     name = "llamacpp"
     label = "llama.cpp"
-    launch_modules = ("specsweep.targets.llamacpp.launcher",)
+    launch_modules = ("specsweep.targets.llamacpp.launcher", route.MODULE)
     env_names = ("LLAMA_*",)
     settings = LlamaCppSettings
     grid_fields = {"draft_max": "dmax", "draft_min": "dmin", "draft_p_min": "pmin"}
@@ -177,9 +179,11 @@ class LlamaCpp(Engine):
     default_grid = {"draft_max": [2, 4, 8]}
     no_per_batch_switch = (
         "llama.cpp cannot take a per-batch schedule: its draft settings (--spec-draft-n-max, --spec-draft-n-min, "
-        "--spec-draft-p-min) hold for every batch, and p-min adapts to the draft's confidence, not to the load. Its "
-        "recommendation is a rule for a router in front of two servers (speculative below the threshold, baseline "
-        "from it), which at a fixed concurrency is one of the two fixed policies the comparison measured already.")
+        "--spec-draft-p-min) hold for every batch, p-min adapts to the draft's confidence, not to the load, and its "
+        "server ignores per-request draft limits (xllamacpp 2026.10 drafted as much with 'speculative.n_max': 0). Its "
+        "recommendation runs as `specsweep route` in front of two servers (speculative below the threshold, "
+        "baseline from it).")
+    routed = True
     metrics = MetricNames(
         gauges={"running": ("llamacpp:requests_processing",), "waiting": ("llamacpp:requests_deferred",),
                 "kv_cache": ("llamacpp:kv_cache_usage_ratio",)},
@@ -228,9 +232,14 @@ class LlamaCpp(Engine):
                           k_max: int) -> PerBatchSetting | None:
         if spec.engine != self.name:
             return None
-        return PerBatchSetting(engine=self.name, notes=(
-            "llama.cpp has no per-batch speculation switch: run one server per setting and route each request by "
-            "the requests in flight, as the ranges say.",))
+        off = next((batch for batch, k in starts if k == 0), None)
+        if off is None:
+            return PerBatchSetting(engine=self.name, notes=(
+                "Keep speculation on: run the speculative server alone.",))
+        return PerBatchSetting(engine=self.name, route_off_from=off, notes=(
+            "llama.cpp has no per-batch speculation switch: run a speculative and a baseline server and, in front of "
+            f"them, `specsweep route --port PORT --speculative URL --baseline URL --off-from {off}` (requests go "
+            f"to the baseline from {off} in flight).",))
 
 
 ENGINE = LlamaCpp()

@@ -142,13 +142,18 @@ async def test_verify_runs_the_recommended_adaptive_file_against_both_fixed_poli
     assert all(pids_with_marker(p) == [] for p in (port, port + 1, port + 2))
 
 
-async def test_verify_is_refused_before_anything_runs_where_the_engine_has_no_per_batch_switch(tmp_path: Path) -> None:
-    from specsweep.engines.llamacpp import baseline as llama_baseline
-    from specsweep.engines.llamacpp import speculative as llama_speculative
+async def test_verify_is_refused_before_anything_runs_where_the_engine_has_no_per_batch_switch(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from specsweep import engines
+    from specsweep.engines.base import Engine
 
-    base = llama_baseline(model_path="/nowhere/t.gguf")
-    spec = llama_speculative(model_path="/nowhere/t.gguf", draft_model_path="/nowhere/d.gguf")
-    with pytest.raises(ConfigError, match="decision.verify: llama.cpp cannot take a per-batch schedule"):
+    class NoSwitch(Engine):  # an engine that can run a recommendation neither itself nor behind the router
+        name, label = "noswitch", "No Switch"
+        no_per_batch_switch = "it has none."
+
+    monkeypatch.setitem(engines.ENGINES, "noswitch", NoSwitch())
+    base, spec = (p.model_copy(update={"engine": "noswitch"}) for p in sim_pair(free_port(span=2), "tiny-fast"))
+    with pytest.raises(ConfigError, match="decision.verify: it has none. Leave verify off for No Switch"):
         await compare_speculation(base, spec, benchmark=settings(tmp_path / "results", [1]),
                                   decision=IN_TURN.model_copy(update={"verify": True}))
     assert not (tmp_path / "results").exists()

@@ -54,15 +54,32 @@ def test_sglang_loads_the_adaptive_file_from_where_it_was_written_its_eagle_flag
     assert argv[argv.index("--speculative-num-steps") + 1] == "3"
 
 
-def test_llamacpp_has_no_per_batch_switch_and_says_what_it_can_take() -> None:
+def test_llamacpp_has_no_per_batch_switch_and_runs_its_setting_behind_the_router(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from specsweep.engines.base import Engine
+    from tasks.verify import route_profile
+
     profile = llama_speculative(model_path="/m/t.gguf", draft_model_path="/m/d.gguf")
     setting = recommended(profile, 8)
+    assert setting.route_off_from == 8 and setting.flags is None and "--off-from 8" in " ".join(setting.notes)
     with pytest.raises(ConfigError, match="llamacpp has no per-batch speculation switch"):
         with_setting(profile, setting)
-    with pytest.raises(ConfigError, match="--verify: llama.cpp cannot take a per-batch schedule.*router"):
-        engines.check_verifiable("llamacpp", "--verify")
-    engines.check_verifiable("sglang")
-    engines.check_verifiable("vllm")
+    for name in ("llamacpp", "sglang", "vllm"):  # each can run its recommendation: itself, or behind the router
+        engines.check_verifiable(name, "--verify")
+    base = profile.model_copy(update={"port": 9001})
+    routed = route_profile(base, profile.model_copy(update={"port": 9002}), 8, "/usr/bin/python3", 9003)
+    assert routed.argv == ["/usr/bin/python3", "-m", "specsweep.route", "--host", "{host}", "--port", "{port}",
+                           "--speculative", "http://127.0.0.1:9002", "--baseline", "http://127.0.0.1:9001",
+                           "--off-from", "8"]
+    assert routed.port == 9003 and routed.name.endswith(AS_RECOMMENDED) and routed.env == {}
+
+    class NoSwitch(Engine):  # an engine that can run a recommendation neither itself nor behind the router
+        name, label = "noswitch", "No Switch"
+        no_per_batch_switch = "it has none."
+
+    monkeypatch.setitem(engines.ENGINES, "noswitch", NoSwitch())
+    with pytest.raises(ConfigError, match="--verify: it has none. Leave verify off for No Switch"):
+        engines.check_verifiable("noswitch", "--verify")
 
 
 def test_a_file_written_for_a_server_is_private_and_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
