@@ -192,6 +192,8 @@ def level_metrics(records: Sequence[RequestRecord], concurrency: int | None = No
             m[f"{name}_{stat}"] = value
     m.update(spec_from_records(measured))
     window = steady_window(measured, concurrency)
+    if concurrency:
+        m["reached_concurrency"] = window is not None
     if window is not None and duration > 0:
         w0, w1 = window
         m["steady_output_tokens_per_s"] = tokens_between(measured, w0, w1) / (w1 - w0)

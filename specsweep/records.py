@@ -210,6 +210,10 @@ class LevelRow(Row):
         None, description="Output tok/s while the level's full concurrency was in flight (ramp-up and drain "
         "excluded); None where there was no such span.")
     steady_share: float | None = Field(None, description="That span's share of the block's duration.")
+    reached_concurrency: bool | None = Field(
+        None, description="Whether the block ever had its level's C requests in flight at once (closed loop; None for "
+        "open loop): a block of fewer requests than C, or one whose first answers came back before the C-th was "
+        "sent, never measured the level it is labelled with.")
     disturbed: str | None = Field(None, description="Why this block was set aside (and measured again): the machine, "
                                   "not the server under test, shaped it. None: it counts.")
     input_tokens_exact: bool = False

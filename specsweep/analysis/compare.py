@@ -228,6 +228,13 @@ def off_starts(k: int, off_from_batch: int | None) -> list[tuple[int, int]]:
     return [(1, k), (off_from_batch, 0)]
 
 
+def never_reached(base_rows: Sequence[LevelRow], spec_rows: Sequence[LevelRow]) -> list[str]:
+    """The concurrency levels where a counted block of either configuration never had C requests in flight."""
+    short = sorted({r.concurrency for r in (*base_rows, *spec_rows)
+                    if r.reached_concurrency is False and r.disturbed is None and r.concurrency is not None})
+    return [f"C={c}" for c in short]
+
+
 def with_engine_setting(comp: Comparison, speculation: SpeculationSettings | None) -> Comparison:
     """The decided answer in the form the measured engine loads."""
     comp.speculation = speculation
@@ -265,6 +272,10 @@ def compare_runs(store: ResultsStore, baseline_run_id: str, speculative_run_id: 
         comp.notes.append(f"Blocks set aside as disturbed and measured again, by level: {counted}. Why: "
                           + "; ".join(reasons[:6]) + (" ..." if len(reasons) > 6 else "") + ". They are kept in the "
                           "levels dataset (column disturbed) and do not count.")
+    if short := never_reached(base_rows, spec_rows):
+        comp.notes.append("Never reached its concurrency (no moment with C requests in flight) at " + ", ".join(short)
+                          + ": the figures there are not those of the level they are labelled with; give the level's "
+                          "blocks at least C x 2 requests (benchmark.sweep.requests_per_slot).")
     if differ := prompts_differ(base_rows, spec_rows):
         comp.notes.append("The two configurations were not sent the same prompts at " + ", ".join(differ) +
                           " (their prompt digests differ: another workload, seed or tokenizer): the comparison there is "

@@ -121,8 +121,9 @@ class SweepConfig(BaseModel):
     max_concurrency: int | None = Field(None, ge=1, description="Cap on requests in flight in request-rate mode.")
     num_requests: int = Field(32, ge=1, le=1_000_000, description="Measured requests per level (per block).")
     requests_per_slot: int = Field(
-        0, ge=0, le=10_000, description="At concurrency C a block holds at least C x this many requests, so that "
-        "ramp-up and drain (fewer than C in flight) stay a small part of it; 0: num_requests at every level.")
+        2, ge=0, le=10_000, description="At concurrency C a block holds at least C x this many requests, so that "
+        "it reaches C in flight and ramp-up and drain (fewer than C in flight) stay a small part of it; 0: "
+        "num_requests at every level (a level whose block never reached its concurrency is flagged).")
     duration_s: float | None = Field(None, gt=0, description="Or: send for this long per level (requests in flight finish).")
     warmup_requests: int = Field(2, ge=0, le=10_000, description="Requests before each level, not counted.")
     repeats: int = Field(1, ge=1, le=100, description="Times each level is measured (for the noise estimate).")
