@@ -1,0 +1,132 @@
+"""The designs without Prefect or servers: a fake ``Arm`` whose blocks have known throughputs, and which records
+what each design asked of it (server starts, blocks in order)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+
+from specsweep import designs
+from specsweep.analysis.decision import DecisionConfig
+from specsweep.bench.config import SweepConfig
+from specsweep.records import Level, LevelRow
+from specsweep.sweep import points
+
+LEVELS = points(SweepConfig(concurrency=[1, 8]))
+
+
+class FakeArm:
+    """A configuration whose block at C has throughput ``speed(C)``; it logs every start, block and record."""
+
+    def __init__(self, name: str, speed: Callable[[int], float], log: list[str],
+                 finished: list[LevelRow] | None = None) -> None:
+        self.name, self.speed, self.log, self.done = name, speed, log, finished
+        self.recorded = 0
+        self.aside: list[LevelRow] = []
+
+    def finished(self) -> list[LevelRow] | None:
+        return self.done
+
+    @contextmanager
+    def recording(self) -> Iterator[object]:
+        self.recorded += 1
+        yield self
+
+    @asynccontextmanager
+    async def serve(self) -> AsyncIterator[FakeArm]:
+        self.log.append(f"start {self.name}")
+        try:
+            yield self
+        finally:
+            self.log.append(f"stop {self.name}")
+
+    async def measure(self, level: Level) -> LevelRow:
+        self.log.append(f"{self.name} {level}")
+        c = int(level.value)
+        return LevelRow(config_name=self.name, level_index=level.index, mode="concurrency", concurrency=c,
+                        repeat=level.repeat, requests=8, completed=8, duration_s=1.0,
+                        output_tokens_per_s=self.speed(c), steady_output_tokens_per_s=self.speed(c),
+                        reached_concurrency=True)
+
+    async def check(self, when: str) -> None:
+        self.log.append(f"check {self.name}")
+
+    async def on_block(self, row: LevelRow, done: int, total: int) -> None:
+        pass
+
+    def on_saturation(self) -> None:
+        self.log.append("saturated")
+
+    async def set_aside(self, row: LevelRow) -> None:
+        self.aside.append(row)
+
+
+def arms(log: list[str]) -> tuple[FakeArm, FakeArm]:
+    # Speculation doubles throughput at one stream and halves it at eight: each level decided at once.
+    return FakeArm("base", lambda c: 100.0 * c, log), FakeArm("spec", lambda c: 200.0 if c == 1 else 400.0, log)
+
+
+DECISION = DecisionConfig(min_blocks=3, max_requests_per_level=64)
+
+
+async def test_one_measures_each_level_in_blocks_on_one_server_start() -> None:
+    log: list[str] = []
+    base, _ = arms(log)
+    rows = await designs.one(base, LEVELS, lambda _p, got: len(got) < 2)
+    assert [str(r.repeat) + str(r.concurrency) for r in rows] == ["01", "11", "08", "18"]
+    assert log[0] == "start base" and log[-1] == "stop base" and log.count("start base") == 1
+    assert base.recorded == 1
+
+
+async def test_sequential_measures_the_baseline_whole_then_the_other_arm() -> None:
+    log: list[str] = []
+    base, spec = arms(log)
+    base_rows, spec_rows = await designs.sequential([base, spec], LEVELS, DECISION, 8)
+    first_spec = log.index("start spec")
+    assert all(not line.startswith("spec") for line in log[:first_spec])  # every baseline block first
+    assert log.index("stop base") < first_spec
+    assert {r.concurrency for r in base_rows} == {r.concurrency for r in spec_rows} == {1, 8}
+    assert min(sum(r.concurrency == c for r in spec_rows) for c in (1, 8)) >= DECISION.min_blocks
+
+
+async def test_alternate_side_by_side_takes_blocks_in_turn_on_servers_started_once() -> None:
+    log: list[str] = []
+    base, spec = arms(log)
+    base_rows, spec_rows = await designs.alternate(base, spec, LEVELS, DECISION, 8, restart=False)
+    assert log.count("start base") == log.count("start spec") == 1
+    blocks = [line.split()[0] for line in log if line.startswith(("base C=1", "spec C=1"))]
+    # ABBA: base first in even rounds, spec first in odd ones.
+    assert blocks[:4] == ["base", "spec", "spec", "base"]
+    assert len(base_rows) == len(spec_rows) >= 2 * DECISION.min_blocks
+
+
+async def test_alternate_by_restart_starts_a_server_for_each_block() -> None:
+    log: list[str] = []
+    base, spec = arms(log)
+    base_rows, spec_rows = await designs.alternate(base, spec, LEVELS, DECISION, 8, restart=True)
+    assert log.count("start base") == len(base_rows) and log.count("start spec") == len(spec_rows)
+    assert log.count("stop base") == log.count("start base")  # each block's server gone before the next
+
+
+async def test_in_turn_rotates_three_arms_and_records_each_once() -> None:
+    log: list[str] = []
+    base, spec = arms(log)
+    third = FakeArm("sched", lambda c: 200.0 if c == 1 else 800.0, log)
+    out = await designs.in_turn([base, spec, third], LEVELS[:1], lambda clean: len(clean[0]) < 3, restart=False)
+    order = [line.split()[0] for line in log if " C=1 " in line]
+    assert order == ["base", "spec", "sched", "spec", "sched", "base", "sched", "base", "spec"]
+    assert [len(rows) for rows in out] == [3, 3, 3] and base.recorded == spec.recorded == third.recorded == 1
+
+
+async def test_an_arm_an_earlier_try_finished_is_not_measured_again() -> None:
+    log: list[str] = []
+    base, spec = arms(log)
+    earlier = await designs.one(base, LEVELS, lambda _p, got: len(got) < 2)
+    log.clear()
+    done = FakeArm("base", base.speed, log, finished=earlier)
+    assert await designs.one(done, LEVELS, lambda _p, got: len(got) < 2) == earlier
+    assert log == [] and done.recorded == 0
+    # In turn: an arm finished whole is kept; when every arm is, nothing starts.
+    finished_spec = FakeArm("spec", spec.speed, log, finished=[])
+    assert await designs.in_turn([done, finished_spec], LEVELS, lambda clean: False, restart=False) == [earlier, []]
+    assert log == []
