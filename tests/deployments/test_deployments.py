@@ -18,6 +18,7 @@ from specsweep.results.store import ResultsStore
 from tests.conftest import pids_with_marker
 from tests.helpers.logs import read_all_logs
 from tests.helpers.prefect_server import PREFECT, REPO, postgres, prefect_cli, prefect_server
+from tests.helpers.processes import stop_process
 from tests.helpers.sshd import free_port
 
 DEPLOYMENTS = {"compare-local-llamacpp/local", "compare-sglang-eagle3/sglang", "compare-speculation/profiles",
@@ -53,12 +54,7 @@ def deployed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
             finally:
                 # Every run has ended by now; a worker under load can take a minute to stop on SIGTERM (it
                 # waits on its polling loops): it is killed after 10 s, so the teardown holds no slot long.
-                worker.terminate()
-                try:
-                    worker.wait(10)
-                except subprocess.TimeoutExpired:
-                    worker.kill()
-                    worker.wait(30)
+                stop_process(worker)
                 worker_log.close()
     finally:
         if db_cm is not None:

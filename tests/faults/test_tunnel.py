@@ -38,6 +38,7 @@ from tests.conftest import REPO, pids_with_env, pids_with_marker
 from tests.helpers.cli import invoke
 from tests.helpers.logs import flow_logs
 from tests.helpers.netns import NetnsHost
+from tests.helpers.processes import stop_process
 from tests.helpers.runner import serving, wait_for_deployment, wait_for_state
 from tests.helpers.sim import SLOW_PROFILE
 from tests.helpers.sshd import SSHServer, start_sshd
@@ -229,8 +230,7 @@ def test_bench_through_the_tunnel_and_its_clear_errors(gpu: Gpu, tmp_path: Path,
         assert out.returncode == 0, out.stderr
         assert "through OpenSSH tunnel to 127.0.0.1:30998" in out.stderr and "C=4" in out.stdout
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop_process(proc)
     assert tunnels_left(gpu.net.addr) == []
 
 
@@ -360,6 +360,5 @@ def test_bench_with_the_load_generator_on_the_host(gpu: Gpu, tmp_path: Path) -> 
         stored = len(pd.read_parquet(tmp_path / "r" / "levels"))
         assert calls.read_text().splitlines().count("-I -m specsweep.bench.remote") == stored >= 2
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop_process(proc)
     assert tunnels_left(gpu.net.addr) == []

@@ -20,6 +20,8 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from tests.helpers.processes import stop_process
+
 GOOD_EVENTS = [{"id": "x", "choices": [{"index": 0, "text": f" t{i}"}]} for i in range(4)]
 
 
@@ -88,8 +90,7 @@ def running(mode: str) -> Iterator[str]:
         assert proc.stdout is not None and b"listening" in proc.stdout.readline()
         yield f"http://127.0.0.1:{port}"
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop_process(proc)
 
 
 async def main() -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 
+from tests.helpers.processes import stop_process
 from tests.helpers.sshd import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -81,11 +82,7 @@ def prefect_server(home: Path, database_url: str | None = None) -> Iterator[dict
             raise RuntimeError("the Prefect server did not start: " + (home / "server.log").read_text()[-3000:])
         yield env
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc, 20)
         log.close()
 
 

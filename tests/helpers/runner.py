@@ -15,6 +15,8 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.objects import FlowRun
 from prefect.settings import PREFECT_API_URL
 
+from tests.helpers.processes import stop_process
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -31,11 +33,7 @@ def serving(module: str, flow_attr: str, deployment: str,
     try:
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc, 20)
         log.close()
 
 

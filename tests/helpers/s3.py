@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
+from tests.helpers.processes import stop_process
 from tests.helpers.sshd import free_port
 
 ACCESS_KEY, SECRET_KEY, REGION = "specsweep-test-key", "specsweep-test-secret", "us-east-1"
@@ -58,6 +59,5 @@ def s3_server(workdir: Path) -> Iterator[S3Server]:
         server.filesystem().create_dir(server.bucket)
         yield server
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop_process(proc)
         log.close()

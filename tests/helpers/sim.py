@@ -13,6 +13,7 @@ import httpx
 from specsweep.engines.sglang import baseline as sglang_baseline
 from specsweep.engines.sglang import eagle3 as sglang_eagle3
 from specsweep.profiles import ServerProfile
+from tests.helpers.processes import stop_process
 from tests.helpers.sshd import free_port
 
 
@@ -43,11 +44,7 @@ def running_sim(*args: str, ready: bool = True, startup_s: float = 0.2,
                 raise RuntimeError("simulator did not become healthy")
         yield url, proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc, 5)
 
 
 #: A run stopped from outside (cancelled, killed) measures until then: at the published model's pace (93 tok/s

@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.helpers.processes import stop_process
+
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
 
@@ -57,11 +59,7 @@ class SSHServer:
         return f"[{self.address}]:{self.port} {kind} {key}"
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        stop_process(self.proc, 5)
 
 
 def start_sshd(workdir: Path, authorized_keys: list[str], *, address: str = "127.0.0.1",

@@ -23,6 +23,7 @@ from specsweep.sweep import SweepJob, measure_level
 from specsweep.targets.llamacpp.models import ModelSpec, make_models
 from tasks.server import kill_server, start_server, wait_for_health
 from tests.conftest import pids_with_marker
+from tests.helpers.processes import stop_process
 from tests.helpers.sshd import free_port
 
 #: Timing bounds and busy servers: these run when no other test does (scripts/test.sh).
@@ -149,12 +150,7 @@ def test_the_generated_models_read_english_in_about_as_many_tokens_as_a_real_tok
         assert words <= len(pieces) <= 1.6 * words, pieces
         assert "".join(pieces).replace("\u2581", " ").strip() == text  # nothing lost, no byte fallback
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop_process(proc)
 
 
 def test_the_vocabulary_is_pieces_llama_cpp_can_reach() -> None:

@@ -20,6 +20,7 @@ from specsweep.records import Level
 from specsweep.results.store import ResultsStore
 from specsweep.route import merge_metrics
 from specsweep.sweep import BenchTarget, SweepJob, measure_level
+from tests.helpers.processes import stop_process
 from tests.helpers.sim import running_sim
 from tests.helpers.sshd import free_port
 
@@ -43,8 +44,7 @@ def running_router(speculative: str, baseline: str, off_from: int) -> Iterator[s
                 time.sleep(0.05)
         yield url
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop_process(proc)
 
 
 def routed(url: str) -> dict[str, int]:
