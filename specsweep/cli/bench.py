@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from specsweep import engines
 from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
-from specsweep.bench.remote import on_host
+from specsweep.bench.remote import HostLoadGenerator, on_host
 from specsweep.bench.workload import check_source
 from specsweep.cli.app import app
 from specsweep.cli.options import (
@@ -31,7 +31,7 @@ from specsweep.cli.options import (
     setup_logging,
 )
 from specsweep.errors import ConfigError, SpecsweepError
-from specsweep.hosts import Host, open_host
+from specsweep.hosts import Host, HostConfig, open_host
 from specsweep.hosts.tunnel import ServerPath, open_path
 from specsweep.profiles import describe_validation_error
 from specsweep.records import LevelRow
@@ -94,72 +94,35 @@ def bench(
 ) -> None:
     """Benchmark a server that is already running; store every level as it ends and print the summary."""
     setup_logging(verbose=False)
-    err = Console(stderr=True)
     path: ServerPath | None = None
     connection: Host | None = None
-    host_label = "unknown"
     try:
         if (url is None) == (host_file is None) or (host_file is not None and port is None):
             raise ConfigError("give --url (a server the client reaches directly), or --host-config and --port (a "
                               "server on that host, reached the way the flows reach it: an SSH tunnel for SSH hosts)")
         engines.check_name(engine, "--engine")
+        host_label = "unknown"
         if host_file is not None and port is not None:
-            connection = open_host(host_config(host_file))
-            path = open_path(connection, bind, port, expect_listening=True)
+            connection, path = _reach(host_config(host_file), bind, port)
             url, host_label = path.url, connection.label
-            typer.echo(f"reaching port {port} on {connection.label} through {path.how} ({url})", err=True)
         assert url is not None
         try:
-            api_key = os.environ.get(api_key_env) if api_key_env else None
-            if api_key_env and not api_key:
-                raise ConfigError(f"--api-key-env {api_key_env}: that environment variable is not set")
-            target = BenchTarget(base_url=url, engine=engine, request=RequestOptions(
-                endpoint=endpoint, api_key=SecretStr(api_key) if api_key else None, timeout_s=timeout,
-                ignore_eos=ignore_eos, temperature=temperature, top_p=top_p))
+            target = _target(url, engine, endpoint, api_key_env, timeout, ignore_eos, temperature, top_p)
             sweep = SweepConfig(concurrency=numbers(concurrency, int, "--concurrency") or [1],
                                 request_rate=numbers(request_rate, float, "--request-rate"), num_requests=num_prompts,
                                 warmup_requests=warmup, repeats=repeat, workers=workers,
                                 stop_at_saturation=stop_at_saturation)
-            store = ResultsStore(results)
-            job = SweepJob(run_id=new_run_id(name), config_name=name, store=store, sweep=sweep,
+            job = SweepJob(run_id=new_run_id(name), config_name=name, store=ResultsStore(results), sweep=sweep,
                            workload=WorkloadConfig(source=dataset, input_len=input_len, output_len=output_len,
                                                    prompts_file=prompts_file, tokenizer=tokenizer))
         except ValidationError as exc:
             raise ConfigError(describe_validation_error(exc, "benchmark options")) from None
-        store.check_writable()
+        job.store.check_writable()
         check_source(job.workload)
-        levels = points(sweep)
         generator = on_host(connection, bind, port) if connection is not None and port is not None else None
         if generator is not None:
             typer.echo(f"levels run on the host by {generator.python} against {generator.base_url}", err=True)
-        row = new_run_row(config_name=name, engine=engine, job=job, host=host_label, base_url=url)
-        with RunRecorder(store, job.run_id, row) as record, \
-                Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                         console=err, transient=False) as progress:
-
-            async def sweep_all() -> list[LevelRow]:
-                async with target.api() as api:
-                    record.record_fingerprint(await server_fingerprint(api, engine))
-                bar = progress.add_task("requests", total=len(levels) * repeat * num_prompts)
-
-                async def level_done(row: LevelRow, done: int, total: int) -> None:
-                    if generator is not None:  # the host's load generator reports whole levels
-                        progress.advance(bar, num_prompts)
-                    if row.disturbed:  # measured again: a block more to go
-                        progress.update(bar, total=(progress.tasks[bar].total or 0) + num_prompts)
-                    progress.console.print(
-                        f"level {row.label}: {row.output_tokens_per_s:.1f} output tok/s, TTFT median "
-                        f"{(row.ttft_ms_median or 0):.1f} ms, {row.failed} failed"
-                        + (f"  [set aside: {row.disturbed}]" if row.disturbed else
-                           "  [client was the bottleneck]" if row.client_bottleneck else ""), markup=False)
-
-                return await run_levels(
-                    levels, lambda lv: measure_level(target, job, lv, on_request=lambda _r: progress.advance(bar),
-                                                     on_host=generator),
-                    more=repeats(repeat), stop_at_saturation=stop_at_saturation, on_level=level_done,
-                    set_aside=lambda row: set_aside(job, row))
-
-            rows = asyncio.run(sweep_all())
+        rows = _measure(target, job, host_label, generator)
     except (SpecsweepError, RuntimeError) as exc:
         fail(exc)
     finally:
@@ -167,8 +130,70 @@ def bench(
             path.close()
         if connection is not None:
             connection.close()
-    console().print(summary_table(rows, title=f"{name} ({url})"))
+    _print_summary(rows, job, url)
+
+
+def _reach(config: HostConfig, bind: str, port: int) -> tuple[Host, ServerPath]:
+    """The host and the way to the server's port there, as the flows reach it (a tunnel over SSH)."""
+    connection = open_host(config)
+    try:
+        path = open_path(connection, bind, port, expect_listening=True)
+    except BaseException:
+        connection.close()
+        raise
+    typer.echo(f"reaching port {port} on {connection.label} through {path.how} ({path.url})", err=True)
+    return connection, path
+
+
+def _target(url: str, engine: str, endpoint: str | None, api_key_env: str | None, timeout: float,
+            ignore_eos: bool | None, temperature: float, top_p: float) -> BenchTarget:
+    """Where requests go and how they are made (the API key read from the environment variable named)."""
+    api_key = os.environ.get(api_key_env) if api_key_env else None
+    if api_key_env and not api_key:
+        raise ConfigError(f"--api-key-env {api_key_env}: that environment variable is not set")
+    return BenchTarget(base_url=url, engine=engine, request=RequestOptions(
+        endpoint=endpoint, api_key=SecretStr(api_key) if api_key else None, timeout_s=timeout,
+        ignore_eos=ignore_eos, temperature=temperature, top_p=top_p))
+
+
+def _measure(target: BenchTarget, job: SweepJob, host_label: str, generator: HostLoadGenerator | None) -> list[LevelRow]:
+    """Every level in its blocks, with a progress bar and a line per block on stderr, the run's row recorded."""
+    err = Console(stderr=True)
+    levels, sweep = points(job.sweep), job.sweep
+    row = new_run_row(config_name=job.config_name, engine=target.engine, job=job, host=host_label,
+                      base_url=target.base_url)
+    with RunRecorder(job.store, job.run_id, row) as record, \
+            Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                     console=err, transient=False) as progress:
+
+        async def sweep_all() -> list[LevelRow]:
+            async with target.api() as api:
+                record.record_fingerprint(await server_fingerprint(api, target.engine))
+            bar = progress.add_task("requests", total=len(levels) * sweep.repeats * sweep.num_requests)
+
+            async def level_done(row: LevelRow, done: int, total: int) -> None:
+                if generator is not None:  # the host's load generator reports whole levels
+                    progress.advance(bar, sweep.num_requests)
+                if row.disturbed:  # measured again: a block more to go
+                    progress.update(bar, total=(progress.tasks[bar].total or 0) + sweep.num_requests)
+                progress.console.print(
+                    f"level {row.label}: {row.output_tokens_per_s:.1f} output tok/s, TTFT median "
+                    f"{(row.ttft_ms_median or 0):.1f} ms, {row.failed} failed"
+                    + (f"  [set aside: {row.disturbed}]" if row.disturbed else
+                       "  [client was the bottleneck]" if row.client_bottleneck else ""), markup=False)
+
+            return await run_levels(
+                levels, lambda lv: measure_level(target, job, lv, on_request=lambda _r: progress.advance(bar),
+                                                 on_host=generator),
+                more=repeats(sweep.repeats), stop_at_saturation=sweep.stop_at_saturation, on_level=level_done,
+                set_aside=lambda row: set_aside(job, row))
+
+        return asyncio.run(sweep_all())
+
+
+def _print_summary(rows: list[LevelRow], job: SweepJob, url: str | None) -> None:
+    console().print(summary_table(rows, title=f"{job.config_name} ({url})"))
     typer.echo(f"run id: {job.run_id}")
-    typer.echo(f"results: {store}/levels/run_id={job.run_id}/ (levels), requests/ and runs/ beside it")
+    typer.echo(f"results: {job.store}/levels/run_id={job.run_id}/ (levels), requests/ and runs/ beside it")
     if rows and not any(r.completed for r in rows):  # nothing was measured: say why, and fail
         fail(SpecsweepError(f"no request completed at any level: {rows[0].disturbed or 'every request failed'}"))
