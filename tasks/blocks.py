@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from prefect.blocks.core import Block
+from prefect.blocks.core import Block as PrefectBlock  # a saved Prefect block; Block is a measurement block
 from prefect.blocks.system import Secret
 from pydantic import Field, SecretStr
 
@@ -55,7 +55,7 @@ def _private_dir() -> Path:
     return _private[0]
 
 
-class SSHHostBlock(Block):
+class SSHHostBlock(PrefectBlock):
     """A GPU host reached over SSH, optionally through a jump host."""
 
     _block_type_name = "SSH Host"
@@ -209,7 +209,7 @@ async def aresolve_profile(profile: ProfileParams, field: str = "profile") -> Se
     return ServerProfile.model_validate(data)
 
 
-class ResultsBlock(Block, ResultsFields):
+class ResultsBlock(PrefectBlock, ResultsFields):
     """A results root (local folder or filesystem URL) with the credentials it needs.
 
         ResultsBlock(url="s3://bench-results/specsweep", endpoint_url="http://minio:9000",

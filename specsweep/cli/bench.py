@@ -34,7 +34,7 @@ from specsweep.errors import ConfigError, SpecsweepError
 from specsweep.hosts import Host, HostConfig, open_host
 from specsweep.hosts.tunnel import ServerPath, open_path
 from specsweep.profiles import describe_validation_error
-from specsweep.records import LevelRow
+from specsweep.records import BlockRow
 from specsweep.reports.tables import console, summary_table
 from specsweep.results import ResultsStore, new_run_id
 from specsweep.results.run_record import RunRecorder
@@ -44,10 +44,10 @@ from specsweep.sweep import (
     SweepJob,
     measure_level,
     new_run_row,
-    points,
     repeats,
     run_levels,
     set_aside,
+    sweep_levels,
 )
 
 
@@ -156,22 +156,22 @@ def _target(url: str, engine: str, endpoint: str | None, api_key_env: str | None
         ignore_eos=ignore_eos, temperature=temperature, top_p=top_p))
 
 
-def _measure(target: BenchTarget, job: SweepJob, host_label: str, generator: HostLoadGenerator | None) -> list[LevelRow]:
+def _measure(target: BenchTarget, job: SweepJob, host_label: str, generator: HostLoadGenerator | None) -> list[BlockRow]:
     """Every level in its blocks, with a progress bar and a line per block on stderr, the run's row recorded."""
     err = Console(stderr=True)
-    levels, sweep = points(job.sweep), job.sweep
+    levels, sweep = sweep_levels(job.sweep), job.sweep
     row = new_run_row(config_name=job.config_name, engine=target.engine, job=job, host=host_label,
                       base_url=target.base_url)
     with RunRecorder(job.store, job.run_id, row) as record, \
             Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                      console=err, transient=False) as progress:
 
-        async def sweep_all() -> list[LevelRow]:
+        async def sweep_all() -> list[BlockRow]:
             async with target.api() as api:
                 record.record_fingerprint(await server_fingerprint(api, target.engine))
             bar = progress.add_task("requests", total=len(levels) * sweep.repeats * sweep.num_requests)
 
-            async def level_done(row: LevelRow, done: int, total: int) -> None:
+            async def level_done(row: BlockRow, done: int, total: int) -> None:
                 if generator is not None:  # the host's load generator reports whole levels
                     progress.advance(bar, sweep.num_requests)
                 if row.disturbed:  # measured again: a block more to go
@@ -191,7 +191,7 @@ def _measure(target: BenchTarget, job: SweepJob, host_label: str, generator: Hos
         return asyncio.run(sweep_all())
 
 
-def _print_summary(rows: list[LevelRow], job: SweepJob, url: str | None) -> None:
+def _print_summary(rows: list[BlockRow], job: SweepJob, url: str | None) -> None:
     console().print(summary_table(rows, title=f"{job.config_name} ({url})"))
     typer.echo(f"run id: {job.run_id}")
     typer.echo(f"results: {job.store}/levels/run_id={job.run_id}/ (levels), requests/ and runs/ beside it")

@@ -9,22 +9,22 @@ from contextlib import asynccontextmanager, contextmanager
 from specsweep import designs
 from specsweep.analysis.decision import DecisionConfig
 from specsweep.bench.config import SweepConfig
-from specsweep.records import Level, LevelRow
-from specsweep.sweep import points
+from specsweep.records import Block, BlockRow
+from specsweep.sweep import sweep_levels
 
-LEVELS = points(SweepConfig(concurrency=[1, 8]))
+LEVELS = sweep_levels(SweepConfig(concurrency=[1, 8]))
 
 
 class FakeArm:
     """A configuration whose block at C has throughput ``speed(C)``; it logs every start, block and record."""
 
     def __init__(self, name: str, speed: Callable[[int], float], log: list[str],
-                 finished: list[LevelRow] | None = None) -> None:
+                 finished: list[BlockRow] | None = None) -> None:
         self.name, self.speed, self.log, self.done = name, speed, log, finished
         self.recorded = 0
-        self.aside: list[LevelRow] = []
+        self.aside: list[BlockRow] = []
 
-    def finished(self) -> list[LevelRow] | None:
+    def finished(self) -> list[BlockRow] | None:
         return self.done
 
     @contextmanager
@@ -40,10 +40,10 @@ class FakeArm:
         finally:
             self.log.append(f"stop {self.name}")
 
-    async def measure(self, level: Level) -> LevelRow:
+    async def measure(self, level: Block) -> BlockRow:
         self.log.append(f"{self.name} {level}")
         c = int(level.value)
-        return LevelRow(config_name=self.name, level_index=level.index, mode="concurrency", concurrency=c,
+        return BlockRow(config_name=self.name, level_index=level.index, mode="concurrency", concurrency=c,
                         repeat=level.repeat, requests=8, completed=8, duration_s=1.0,
                         output_tokens_per_s=self.speed(c), steady_output_tokens_per_s=self.speed(c),
                         reached_concurrency=True)
@@ -51,13 +51,13 @@ class FakeArm:
     async def check(self, when: str) -> None:
         self.log.append(f"check {self.name}")
 
-    async def on_block(self, row: LevelRow, done: int, total: int) -> None:
+    async def on_block(self, row: BlockRow, done: int, total: int) -> None:
         pass
 
     def on_saturation(self) -> None:
         self.log.append("saturated")
 
-    async def set_aside(self, row: LevelRow) -> None:
+    async def set_aside(self, row: BlockRow) -> None:
         self.aside.append(row)
 
 

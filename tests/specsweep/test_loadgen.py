@@ -12,9 +12,9 @@ import pytest
 from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
 from specsweep.bench.workload import build_prompts
 from specsweep.errors import ConfigError, StoreError
-from specsweep.records import Level, LevelRow, RequestRow, RunRow
+from specsweep.records import Block, BlockRow, RequestRow, RunRow
 from specsweep.results.store import ResultsStore
-from specsweep.sweep import BenchTarget, SweepJob, measure_level, points, repeats, run_levels
+from specsweep.sweep import BenchTarget, SweepJob, measure_level, repeats, run_levels, sweep_levels
 from tests.helpers.sim import running_sim
 
 #: Timing bounds and busy servers: these run when no other test does (scripts/test.sh).
@@ -22,20 +22,20 @@ pytestmark = pytest.mark.solo
 
 
 async def measure(target: BenchTarget, workload: WorkloadConfig, sweep: SweepConfig, *, store: ResultsStore,
-                  run_id: str, mode: str = "concurrency", value: float = 1) -> LevelRow:
+                  run_id: str, mode: str = "concurrency", value: float = 1) -> BlockRow:
     job = SweepJob(run_id=run_id, config_name=run_id, store=store, workload=workload, sweep=sweep)
-    return await measure_level(target, job, Level(index=0, mode=mode, value=value))  # type: ignore[arg-type]
+    return await measure_level(target, job, Block(index=0, mode=mode, value=value))  # type: ignore[arg-type]
 
 
 async def run_sweep(target: BenchTarget, workload: WorkloadConfig, sweep: SweepConfig, *, store: ResultsStore,
-                    run_id: str) -> list[LevelRow]:
+                    run_id: str) -> list[BlockRow]:
     job = SweepJob(run_id=run_id, config_name=run_id, store=store, workload=workload, sweep=sweep)
-    return await run_levels(points(sweep), lambda lv: measure_level(target, job, lv), more=repeats(sweep.repeats),
+    return await run_levels(sweep_levels(sweep), lambda lv: measure_level(target, job, lv), more=repeats(sweep.repeats),
                             stop_at_saturation=sweep.stop_at_saturation)
 
 
-def lrow(**fields: object) -> LevelRow:
-    return LevelRow.model_validate({"config_name": "c", "level_index": 0, "mode": "concurrency", **fields})
+def lrow(**fields: object) -> BlockRow:
+    return BlockRow.model_validate({"config_name": "c", "level_index": 0, "mode": "concurrency", **fields})
 
 
 def rrow(index: int) -> RequestRow:
@@ -304,5 +304,5 @@ async def test_warm_up_lasts_until_ttft_settles(store: ResultsStore) -> None:
         assert report.settled and 6 < report.requests <= 12, report
         assert report.ttft_ms[0] > 200 and all(t > 30 for t in report.ttft_ms[:6])
         assert all(t < 30 for t in report.ttft_ms[6:])
-        row = await measure_level(target, job, Level(index=0, mode="concurrency", value=2))
+        row = await measure_level(target, job, Block(index=0, mode="concurrency", value=2))
     assert row.ttft_ms_p99 is not None and row.ttft_ms_p99 < 100

@@ -9,7 +9,7 @@ from pathlib import Path
 from specsweep.analysis.compare import never_reached
 from specsweep.bench.config import SweepConfig, WorkloadConfig
 from specsweep.parameters import GPU_BENCHMARK
-from specsweep.records import Level
+from specsweep.records import Block
 from specsweep.reports.tables import summary_rows
 from specsweep.results.store import ResultsStore
 from specsweep.sweep import BenchTarget, SweepJob, measure_level
@@ -25,7 +25,7 @@ async def test_a_block_too_small_for_its_level_is_flagged_and_the_default_holds_
 
         async def block(sweep: SweepConfig, run_id: str):  # type: ignore[no-untyped-def]
             job = SweepJob(run_id=run_id, config_name=run_id, store=store, workload=workload, sweep=sweep)
-            return await measure_level(target, job, Level(index=0, mode="concurrency", value=64))
+            return await measure_level(target, job, Block(index=0, mode="concurrency", value=64))
 
         short = await block(SweepConfig(num_requests=32, requests_per_slot=0, warmup_requests=0), "short")
         held = await block(SweepConfig(num_requests=32, warmup_requests=0), "held")

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from specsweep.bench.config import SweepConfig, WorkloadConfig
-from specsweep.records import Level
+from specsweep.records import Block
 from specsweep.results.store import ResultsStore
 from specsweep.route import merge_metrics
 from specsweep.sweep import BenchTarget, SweepJob, measure_level
@@ -64,9 +64,9 @@ async def test_requests_go_by_the_load_in_flight_and_stream_through(tmp_path: Pa
         target = BenchTarget(base_url=url, engine="sglang")
         job = SweepJob(run_id="r", config_name="routed", store=store, workload=WorkloadConfig(input_len=16, output_len=32),
                        sweep=SweepConfig(num_requests=12, warmup_requests=0))
-        one = await measure_level(target, job, Level(index=0, mode="concurrency", value=1))
+        one = await measure_level(target, job, Block(index=0, mode="concurrency", value=1))
         after_one = routed(url)
-        many = await measure_level(target, job, Level(index=1, mode="concurrency", value=6))
+        many = await measure_level(target, job, Block(index=1, mode="concurrency", value=6))
         after_many = routed(url)
         metrics = httpx.get(url + "/metrics", timeout=5).text
     # At one stream every request speculated; at six, most of the time six were in flight (from 3: the baseline).
