@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from specsweep.bench.config import RequestOptions, SweepConfig  # noqa: E402
+from specsweep.bench.config import RequestSpec, SweepConfig  # noqa: E402
 from specsweep.bench.remote import HostLoadGenerator  # noqa: E402
 from specsweep.bench.runner import Load, run_async, run_level  # noqa: E402
 from specsweep.bench.workload import Prompt  # noqa: E402
@@ -97,7 +97,7 @@ ON_HOST: HostLoadGenerator | None = None
 async def measure(url: str, level: int, requests: int, output_len: int, tunnel_pids: list[int],
                   sshd_pid: int, on_host: bool = False) -> dict[str, float]:
     sweep = SweepConfig(num_requests=requests, warmup_requests=min(64, level))
-    load = Load(url, RequestOptions(), (Prompt("a short prompt", 3, False),), output_len, sweep)
+    load = Load(url, RequestSpec(), (Prompt("a short prompt", 3, False),), output_len, sweep)
     watched = tunnel_pids + children(sshd_pid)
     cpu0, tun0, t0 = time.process_time(), cpu_s(watched), time.perf_counter()
     lv = Block(index=0, mode="concurrency", value=level)

@@ -18,10 +18,10 @@ from pydantic import BaseModel, SecretStr
 
 from specsweep import engines
 from specsweep.analysis.decision import DecisionConfig
-from specsweep.bench.config import RequestOptions
+from specsweep.bench.config import RequestSpec
 from specsweep.bench.workload import check_source
 from specsweep.hosts import HostConfig
-from specsweep.parameters import BenchmarkSettings, LifecycleOptions
+from specsweep.parameters import BenchmarkSettings, LifecycleConfig
 from specsweep.profiles import ProfileParams, ServerProfile
 from specsweep.records import BlockRow
 from specsweep.results import ResultsStore
@@ -62,7 +62,7 @@ class Run:
     results store, the resolved host and server profiles."""
 
     settings: BenchmarkSettings
-    request: RequestOptions
+    request: RequestSpec
     store: ResultsStore
     host: HostConfig
     host_block: str | None
@@ -76,14 +76,14 @@ class Run:
         return str(flow_run().id)
 
     @property
-    def stages(self) -> LifecycleOptions:
+    def stages(self) -> LifecycleConfig:
         return self.settings.stages
 
     @property
     def levels(self) -> list[Level]:
         return sweep_levels(self.settings.sweep)
 
-    def request_for(self, profile: ServerProfile) -> RequestOptions:
+    def request_for(self, profile: ServerProfile) -> RequestSpec:
         """The run's request options; the profile's own key when the run names none."""
         if self.request.api_key or not profile.api_key:
             return self.request
@@ -130,7 +130,7 @@ async def prepare_run(profiles: Sequence[ProfileParams], host: HostConfig, bench
                       decision: DecisionConfig | None = None) -> Run:
     """Everything a run needs before it touches a host: secrets read, the host resolved and its allow-list
     checked, results writable, prompts readable. Anything missing is refused here, naming the field."""
-    request = RequestOptions.model_validate(benchmark.request.model_dump())
+    request = RequestSpec.model_validate(benchmark.request.model_dump())
     key = await aresolve_secret(benchmark.request.api_key_secret, "benchmark.request.api_key_secret")
     if key:
         request = request.model_copy(update={"api_key": SecretStr(key)})

@@ -25,7 +25,7 @@ from typing import Any
 import orjson
 
 from specsweep import __version__
-from specsweep.bench.config import RequestOptions, SweepConfig
+from specsweep.bench.config import RequestSpec, SweepConfig
 from specsweep.bench.runner import Load, run_async, run_from_wire, run_level, run_to_wire
 from specsweep.bench.workload import Prompt
 from specsweep.errors import ConfigError, HostError
@@ -48,7 +48,7 @@ def load_to_wire(load: Load) -> dict[str, Any]:
 
 
 def load_from_wire(wire: dict[str, Any]) -> Load:
-    return Load(base_url=wire["base_url"], request=RequestOptions(**wire["request"]),
+    return Load(base_url=wire["base_url"], request=RequestSpec(**wire["request"]),
                 prompts=tuple(Prompt.from_wire(p) for p in wire["prompts"]), output_len=wire["output_len"],
                 sweep=SweepConfig(**wire["sweep"]), model=wire["model"], engine=wire["engine"],
                 warmup_prompts=tuple(Prompt.from_wire(p) for p in wire["warmup_prompts"]))

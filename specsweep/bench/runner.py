@@ -25,7 +25,7 @@ import orjson
 
 from specsweep import engines
 from specsweep.bench.client import PATHS, request_body, stream_request
-from specsweep.bench.config import RequestOptions, SweepConfig
+from specsweep.bench.config import RequestSpec, SweepConfig
 from specsweep.bench.workload import Prompt
 from specsweep.errors import ConfigError
 from specsweep.records import Block, BlockRun, RequestRecord
@@ -165,7 +165,7 @@ class Load:
     """What the load generator sends at every level: where, how, which prompts, how many."""
 
     base_url: str
-    request: RequestOptions
+    request: RequestSpec
     prompts: tuple[Prompt, ...]
     output_len: int
     sweep: SweepConfig

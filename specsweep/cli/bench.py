@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from specsweep import engines
-from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
+from specsweep.bench.config import RequestSpec, SweepConfig, WorkloadConfig
 from specsweep.bench.remote import HostLoadGenerator, on_host
 from specsweep.bench.workload import check_source
 from specsweep.cli.app import app
@@ -151,7 +151,7 @@ def _target(url: str, engine: str, endpoint: str | None, api_key_env: str | None
     api_key = os.environ.get(api_key_env) if api_key_env else None
     if api_key_env and not api_key:
         raise ConfigError(f"--api-key-env {api_key_env}: that environment variable is not set")
-    return BenchTarget(base_url=url, engine=engine, request=RequestOptions(
+    return BenchTarget(base_url=url, engine=engine, request=RequestSpec(
         endpoint=endpoint, api_key=SecretStr(api_key) if api_key else None, timeout_s=timeout,
         ignore_eos=ignore_eos, temperature=temperature, top_p=top_p))
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from specsweep import engines
-from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
+from specsweep.bench.config import RequestSpec, SweepConfig, WorkloadConfig
 from specsweep.records import Block, Mode, RunRow
 from specsweep.results import ResultsStore, now_iso
 from specsweep.server.api import ServerAPI
@@ -20,7 +20,7 @@ class BenchTarget(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     base_url: str = Field(description="Server address, e.g. http://127.0.0.1:30000.", pattern=r"^https?://[^\s/]+")
-    request: RequestOptions = Field(default_factory=RequestOptions, description="Endpoint, API key, sampling.")
+    request: RequestSpec = Field(default_factory=RequestSpec, description="Endpoint, API key, sampling.")
     engine: str = Field(engines.CUSTOM, description="The engine behind the URL (what its requests ask for, what its "
                         "answers carry).")
 

@@ -10,12 +10,12 @@ import httpx
 import pytest
 from prefect import flow
 
-from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
+from specsweep.bench.config import RequestSpec, SweepConfig, WorkloadConfig
 from specsweep.engines.llamacpp import baseline as baseline_profile
 from specsweep.engines.llamacpp import default_models_dir
 from specsweep.engines.llamacpp import speculative as speculative_profile
 from specsweep.hosts import LocalHost
-from specsweep.parameters import LifecycleOptions
+from specsweep.parameters import LifecycleConfig
 from specsweep.profiles import ServerProfile
 from specsweep.records import Block, BlockRow
 from specsweep.results import ResultsStore
@@ -92,7 +92,7 @@ async def test_preset_serves_exact_token_counts(preset: str, tmp_path: Path) -> 
     @flow(name=f"llamacpp-{preset}")
     async def drive() -> tuple[str, int, int, dict, list[str], BlockRow]:  # type: ignore[type-arg]
         await kill_server(host, profile)
-        async with start_server(host, profile, RequestOptions(), LifecycleOptions(), marker="llamacpp-test") as server:
+        async with start_server(host, profile, RequestSpec(), LifecycleConfig(), marker="llamacpp-test") as server:
             await wait_for_health(server)
             result = await stream_completion(port, "the water was cold and the river", 48)
             job = SweepJob(run_id="l", config_name=profile.name, store=ResultsStore(tmp_path),

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
+from specsweep.bench.config import RequestSpec, SweepConfig, WorkloadConfig
 from specsweep.bench.workload import build_prompts
 from specsweep.errors import ConfigError, StoreError
 from specsweep.records import Block, BlockRow, RequestRow, RunRow
@@ -65,7 +65,7 @@ async def test_counts_tokens_and_chunks_under_speculation(store: ResultsStore) -
 
 async def test_native_generate_endpoint_and_verify_counts(store: ResultsStore) -> None:
     with running_sim("--sim-profile", "tiny-fast", "--speculative-algorithm", "EAGLE3") as (url, _):
-        target = BenchTarget(base_url=url, request=RequestOptions(endpoint="generate"))
+        target = BenchTarget(base_url=url, request=RequestSpec(endpoint="generate"))
         row = await measure(target, WorkloadConfig(output_len=30), SweepConfig(num_requests=8), store=store,
                                   run_id="g", mode="concurrency", value=2)
     assert row.completed == 8 and row.output_tokens_total == 240
@@ -75,7 +75,7 @@ async def test_native_generate_endpoint_and_verify_counts(store: ResultsStore) -
 
 async def test_chat_endpoint(store: ResultsStore) -> None:
     with running_sim("--sim-profile", "tiny-fast") as (url, _):
-        target = BenchTarget(base_url=url, request=RequestOptions(endpoint="chat", ignore_eos=True))
+        target = BenchTarget(base_url=url, request=RequestSpec(endpoint="chat", ignore_eos=True))
         row = await measure(target, WorkloadConfig(source="bundled", output_len=16), SweepConfig(num_requests=6),
                                   store=store, run_id="c", mode="concurrency", value=3)
     assert row.completed == 6 and row.output_tokens_total == 96
@@ -114,7 +114,7 @@ async def test_request_rate_mode_counts_latency_from_schedule(store: ResultsStor
 
 async def test_timeout_is_a_row(store: ResultsStore) -> None:
     with running_sim("--sim-profile", "tiny-fast", "--fault-stall-s", "3") as (url, _):
-        target = BenchTarget(base_url=url, request=RequestOptions(timeout_s=1.0))
+        target = BenchTarget(base_url=url, request=RequestSpec(timeout_s=1.0))
         row = await measure(target, WorkloadConfig(output_len=10), SweepConfig(num_requests=2, warmup_requests=0),
                                   store=store, run_id="t", mode="concurrency", value=2)
     assert row.failed == 2 and row.errors == "Timeout: 2"
@@ -135,11 +135,11 @@ async def test_stop_at_saturation(store: ResultsStore) -> None:
 
 async def test_warmup_failure_is_loud(store: ResultsStore) -> None:
     with running_sim("--sim-profile", "tiny-fast", "--api-key", "right-key-123") as (url, _):
-        target = BenchTarget(base_url=url, request=RequestOptions(api_key="wrong-key-456"))  # type: ignore[arg-type]
+        target = BenchTarget(base_url=url, request=RequestSpec(api_key="wrong-key-456"))  # type: ignore[arg-type]
         with pytest.raises(RuntimeError, match="all 2 warm-up requests .* failed"):
             await measure(target, WorkloadConfig(output_len=4), SweepConfig(num_requests=2), store=store,
                                 run_id="w", mode="concurrency", value=1)
-        ok = BenchTarget(base_url=url, request=RequestOptions(api_key="right-key-123"))  # type: ignore[arg-type]
+        ok = BenchTarget(base_url=url, request=RequestSpec(api_key="right-key-123"))  # type: ignore[arg-type]
         row = await measure(ok, WorkloadConfig(output_len=4), SweepConfig(num_requests=2), store=store,
                                   run_id="w", mode="concurrency", value=1)
         assert row.completed == 2

@@ -13,7 +13,7 @@ import pytest
 
 from specsweep.bench import datasets
 from specsweep.bench.client import request_body
-from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
+from specsweep.bench.config import RequestSpec, SweepConfig, WorkloadConfig
 from specsweep.bench.workload import Prompt, build_prompts, check_source
 from specsweep.errors import ConfigError
 from specsweep.records import Block
@@ -88,10 +88,10 @@ async def test_a_sharegpt_answer_sets_its_requests_output_length(tmp_path: Path)
                                                     {"from": "gpt", "value": " ".join(["word"] * 40)}]}]))
     (prompt,) = await build_prompts(WorkloadConfig(source="sharegpt", prompts_file=share), 1)
     assert prompt.max_tokens == 52 and not prompt.exact  # 40 words x 1.3, approximate without a tokenizer
-    body = request_body(RequestOptions(endpoint="chat", ignore_eos=False), prompt, 128, "m")
+    body = request_body(RequestSpec(endpoint="chat", ignore_eos=False), prompt, 128, "m")
     assert body["max_tokens"] == 52 and body["messages"] == [{"role": "user", "content": "one two three"}]
     assert body["temperature"] == 0.0 and body["top_p"] == 1.0 and body["ignore_eos"] is False
-    capped = request_body(RequestOptions(endpoint="chat"), prompt, 16, "m")
+    capped = request_body(RequestSpec(endpoint="chat"), prompt, 16, "m")
     assert capped["max_tokens"] == 16  # the workload's output_len caps it
 
 
@@ -129,10 +129,10 @@ def test_chat_messages_are_not_sent_to_completions() -> None:
 
     chat = (Prompt("hi", 1, True, (("user", "hi"),)),)
     with pytest.raises(ConfigError, match="set request.endpoint to 'chat'"):
-        request_for(RequestOptions(endpoint="completions"), WorkloadConfig(source="mt-bench"), chat)
-    assert request_for(RequestOptions(), WorkloadConfig(source="mt-bench"), chat).endpoint == "chat"
+        request_for(RequestSpec(endpoint="completions"), WorkloadConfig(source="mt-bench"), chat)
+    assert request_for(RequestSpec(), WorkloadConfig(source="mt-bench"), chat).endpoint == "chat"
     text = (Prompt("hi", 1, True),)
-    resolved = request_for(RequestOptions(), WorkloadConfig(), text)
+    resolved = request_for(RequestSpec(), WorkloadConfig(), text)
     assert resolved.endpoint == "completions" and resolved.ignore_eos is True  # synthetic: exact lengths
 
 
