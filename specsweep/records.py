@@ -339,6 +339,39 @@ class RunRow(Row):
     error: str | None = None
 
 
+class HistoryRow(Row):
+    """A comparison's answer as the ``history`` dataset keeps it (``specsweep.analysis.history``): one row per
+    comparison, so that tonight's answer can be read against last night's."""
+
+    key: str = Field(description="What two comparable answers share (the kind, engine, model, draft, workload, "
+                     "temperature and settings; not the engine version or driver), as a digest.")
+    date: str = Field(description="When the comparison ended (ISO 8601, UTC).")
+    baseline_run_id: str
+    speculative_run_id: str
+    flow_run_id: str | None = None
+    host: str | None = None
+    gpu: str | None = None
+    gpu_count: int | None = None
+    driver: str | None = None
+    engine: str = "unknown"
+    engine_version: str | None = None
+    model: str | None = None
+    draft: str = Field("none", description="What the speculative configuration drafts: method, draft model, K.")
+    workload: str = Field("", description="The prompt set and what of it was sent.")
+    temperature: float = 0.0
+    settings: str = Field("", description="The speculative configuration's launch command (secrets masked, port out).")
+    status: str = ""
+    off_from: int | None = Field(None, description="The threshold: speculation off from this concurrency (None: on).")
+    worst_case_loss: float | None = None
+    threshold_low: int | None = Field(None, description="The lowest threshold within the margin (None: past the "
+                                      "last level).")
+    threshold_high: int | None = Field(None, description="The highest threshold within the margin.")
+    margin: float = 0.0
+    levels_json: str = Field("[]", description="Per level: concurrency, ratio, its interval, verdict.")
+    acceptance_json: str = Field("{}", description="Per category: accepted tokens per step, mean and spread over "
+                                 "the levels.")
+
+
 _ARROW: dict[type, pa.DataType] = {int: pa.int64(), float: pa.float64(), str: pa.string(), bool: pa.bool_()}
 
 

@@ -3,6 +3,7 @@
     <root>/runs/run_id=<id>/run.parquet            one row per run (RunRow)
     <root>/levels/run_id=<id>/<level>.parquet      one row per level and repeat (BlockRow)
     <root>/requests/run_id=<id>/<level>.parquet    one row per request (RequestRow)
+    <root>/history/identity=<key>/<date>-<run>.parquet  one row per comparison (HistoryRow), by what makes two comparable
     <root>/reports/<name>/                         comparison reports: report.md, plots, engine configs
 
 The root is a local folder or a filesystem URL (``specsweep.results.location``). Read the datasets
@@ -27,7 +28,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from specsweep.errors import StoreError
-from specsweep.records import BlockRow, RequestRow, Row, RunRow, arrow_schema
+from specsweep.records import BlockRow, HistoryRow, RequestRow, Row, RunRow, arrow_schema
 from specsweep.results.location import DEFAULT_ROOT, ResultsLocation
 
 _SCHEMAS = {RunRow: arrow_schema(RunRow), BlockRow: arrow_schema(BlockRow), RequestRow: arrow_schema(RequestRow)}
@@ -87,6 +88,22 @@ class ResultsStore:
         except StoreError:
             pass  # not read back: written again
         self.location.write_bytes(rel, data)
+
+    def append_history(self, row: HistoryRow) -> None:
+        """One comparison's answer, appended to the history dataset (a file of its own: nothing is rewritten)."""
+        stamp = row.date.replace(":", "").replace("-", "")[:15]
+        name = f"{stamp}-{row.baseline_run_id}--{row.speculative_run_id}.parquet"
+        self.location.write_bytes(f"history/identity={row.key}/{name}", _parquet_bytes(to_table([row])))
+
+    def history(self, key: str | None = None) -> list[HistoryRow]:
+        """The history rows (of one key, or all), oldest first."""
+        keys = [key] if key else [d.split("=", 1)[1] for d in self.location.list_dirs("history") if d.startswith("identity=")]
+        rows = []
+        for k in keys:
+            for rel in self.location.list_files(f"history/identity={k}", ".parquet"):
+                with self.location.fs.open_input_file(self.location.path(rel)) as f:
+                    rows += [HistoryRow.from_record(r) for r in pq.read_table(f).to_pylist()]
+        return sorted(rows, key=lambda r: r.date)
 
     def write_file(self, relative: str, data: bytes) -> str:
         """Any other file under the root (reports, plots); returns its URL."""
