@@ -73,6 +73,48 @@ def _compare(store: ResultsStore, a: str, b: str, *, allow_mismatch: bool, margi
     typer.echo("report: " + ", ".join(urls.values()))
 
 
+@app.command("history")
+def history_cmd(
+    kind: Annotated[Optional[str], typer.Option(
+        help="Only this hardware kind (a part of its label, e.g. H100 or '8x NVIDIA H100').")] = None,
+    plot: Annotated[Optional[str], typer.Option(help="Also draw the threshold and ratios over time into this PNG "
+                                                "(one kind of comparison: give --kind when there are several).")] = None,
+    results: Results = RESULTS_DEFAULT,
+) -> None:
+    """The answers of earlier comparisons, oldest first, by kind of comparison (hardware, engine, model, draft,
+    workload): the threshold, its status and worst case, the ratio per level; and the drift of the latest."""
+    from specsweep.analysis.history import drift, history_table, kind_label, last_comparable
+
+    store = ResultsStore(results)
+    rows = [r for r in store.history() if kind is None or kind.lower() in kind_label(r).lower()]
+    if not rows:
+        typer.echo(f"no comparisons in the history of {store}" + (f" for kind {kind!r}" if kind else ""))
+        return
+    by_key: dict[str, list[Any]] = {}
+    for r in rows:
+        by_key.setdefault(r.key, []).append(r)
+    for key, group in by_key.items():
+        last = group[-1]
+        table = Table(title=f"{kind_label(last)} · {last.model or '?'} · {last.draft} · {last.workload} ({key})")
+        lines = history_table(group)
+        for col in lines[0]:
+            table.add_column(col)
+        for line in lines:
+            table.add_row(*map(str, line.values()))
+        console().print(table)
+        if (before := last_comparable(group, last)) is not None:
+            typer.echo(drift(before, last).summary())
+    if plot:
+        if len(by_key) > 1:
+            fail(ConfigError(f"--plot draws one kind of comparison and the history holds {len(by_key)}: choose one "
+                             "with --kind"))
+        from specsweep.reports.plots import history_plot
+
+        with open(plot, "wb") as f:
+            f.write(history_plot(rows))
+        typer.echo(f"plot: {plot}")
+
+
 @app.command("compare")
 def compare_cmd(
     baseline_run: Annotated[str, typer.Argument(help="Run id of the baseline.")],

@@ -5,7 +5,8 @@
     latency.png     TTFT and TPOT, p50 and p99, of both
     pareto.png      tok/s per user (1000 / TPOT p50) against total output tok/s, one point per level
 
-and of a speculative-parameter grid (``tuning_plot``): each setting's speedup, the best per level.
+and of a speculative-parameter grid (``tuning_plot``): each setting's speedup, the best per level; and of the history
+of one kind of comparison (``history_plot``): the threshold and each level's ratio over time, by engine version.
 
 Concurrency is on a log-2 axis labelled at the measured levels.
 """
@@ -27,6 +28,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLoca
 from specsweep.analysis.compare import Comparison  # noqa: E402
 from specsweep.analysis.traffic import MIX, CategoryLevel  # noqa: E402
 from specsweep.analysis.tuning import Tuning  # noqa: E402
+from specsweep.records import HistoryRow  # noqa: E402
 
 DPI = 90
 BASE, SPEC, AS_RECOMMENDED = "tab:blue", "tab:orange", "tab:green"
@@ -220,6 +222,56 @@ def tuning_plot(tuning: Tuning) -> bytes:
     ax.set(ylabel="setting / baseline (output tok/s)", title="Speedup of each speculative setting (with its interval)")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
+    return _png(fig)
+
+
+def history_plot(rows: Sequence[HistoryRow]) -> bytes:
+    """One identity's comparisons over time: above, the threshold (the range within the margin as a bar, the answer
+    as a point; past the last level drawn at the top); below, each level's ratio with its interval. Points are
+    coloured by engine version, and a change of version is marked."""
+    import json
+
+    rows = sorted(rows, key=lambda r: r.date)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True, gridspec_kw={"height_ratios": [1, 1.4]})
+    versions = list(dict.fromkeys(r.engine_version or r.engine for r in rows))
+    colours = {v: plt.get_cmap("tab10")(i % 10) for i, v in enumerate(versions)}
+    levels = sorted({lv["concurrency"] for r in rows for lv in json.loads(r.levels_json)})
+    top_y = (max(levels) * 2) if levels else 2
+    x = list(range(len(rows)))
+    for i, r in enumerate(rows):
+        colour = colours[r.engine_version or r.engine]
+        low = r.threshold_low if r.threshold_low is not None else top_y
+        high = r.threshold_high if r.threshold_high is not None else top_y
+        top.plot([i, i], [low, high], color=colour, lw=6, alpha=0.35, solid_capstyle="butt")
+        top.plot(i, r.off_from if r.off_from is not None else top_y, "o", color=colour,
+                 mfc=colour if r.status == "decided" else "white")
+        for lv in json.loads(r.levels_json):
+            err = [[lv["ratio"] - lv["low"]], [lv["high"] - lv["ratio"]]] if lv.get("low") is not None and \
+                lv.get("high") is not None else None
+            bottom.errorbar(i + 0.04 * levels.index(lv["concurrency"]), lv["ratio"], yerr=err, fmt="o", ms=3,
+                            color=colour, capsize=2)
+    for i in range(1, len(rows)):
+        if (rows[i].engine_version or rows[i].engine) != (rows[i - 1].engine_version or rows[i - 1].engine):
+            for ax in (top, bottom):
+                ax.axvline(i - 0.5, color="gray", ls="--", lw=0.8)
+    top.set_yscale("log", base=2)
+    top.yaxis.set_minor_locator(NullLocator())
+    top.yaxis.set_minor_formatter(NullFormatter())
+    top.set_yticks([*levels, top_y], [*map(str, levels), "on"])
+    top.set_ylabel("off from (concurrency)")
+    top.set_title("threshold: the answer (filled: decided) and its range within the margin", fontsize=9)
+    bottom.axhline(1.0, color="black", lw=0.8)
+    if rows:
+        bottom.axhspan(1 - rows[-1].margin, 1 + rows[-1].margin, color="gray", alpha=0.15)
+    bottom.set_ylabel("speculative / baseline")
+    bottom.set_title("ratio per level (left to right within a run: " + ", ".join(f"C={c}" for c in levels) + ")",
+                     fontsize=9)
+    bottom.set_xticks(x, [r.date[5:10] for r in rows], rotation=45, fontsize=8)
+    for v, colour in colours.items():
+        bottom.plot([], [], "o", color=colour, label=v)
+    bottom.legend(fontsize=7, loc="best")
+    for ax in (top, bottom):
+        ax.grid(alpha=0.3)
     return _png(fig)
 
 

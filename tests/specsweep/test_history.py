@@ -82,3 +82,18 @@ def test_the_history_dataset_reads_back_typed_and_with_pandas(tmp_path: Path) ->
     table = history_table(store.history(rows_[0].key))
     assert [t["answer"] for t in table] == ["off from 8", "off from 16"] and table[0]["kind"] == "8x NVIDIA H100 " \
         "(driver 550.54)"
+
+
+def test_the_history_command_prints_each_kind_and_the_latest_drift(tmp_path: Path) -> None:
+    from tests.helpers.cli import invoke
+
+    store = ResultsStore(tmp_path / "results")
+    for r in (row(SPEC, "0.5.4", "2026-12-01T02:00:00Z"), row(SPEC_AFTER, "0.5.5", "2026-12-02T02:00:00Z")):
+        store.append_history(r)
+    out = invoke("history", "--kind", "h100", "--results", str(tmp_path / "results"), "--plot", str(tmp_path / "h.png"))
+    assert out.returncode == 0, out.stderr
+    assert "off from 8" in out.stdout and "off from 16" in out.stdout
+    assert "Drift since" in out.stdout and "engine_version: 0.5.4 -> 0.5.5" in out.stdout
+    assert (tmp_path / "h.png").read_bytes()[:4] == b"\x89PNG"
+    none = invoke("history", "--kind", "a100", "--results", str(tmp_path / "results"))
+    assert none.returncode == 0 and "no comparisons in the history" in none.stdout
