@@ -50,7 +50,7 @@ class Answer:
             return None
 
 
-#: Texts whose token counts tell whether a /tokenize body form is understood (see ``_tokenize_form``).
+#: Texts whose token counts tell whether a /tokenize body form is understood (see ``tokenize_form``).
 _PROBE_TEXT = "the quick brown fox jumps over the lazy dog"
 _PROBE_REPEATS = 4
 
@@ -72,7 +72,7 @@ class ServerAPI:
     manager, or call ``aclose``. ``timeout_s``: the most one call may take, whole."""
 
     def __init__(self, base_url: str, api_key: SecretStr | None = None, *, timeout_s: float = 10.0,
-                 connect_timeout_s: float = 2.0) -> None:
+                 connect_timeout_s: float = 2.0, known: dict[str, Any] | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self._headers = bearer(api_key)
@@ -81,7 +81,9 @@ class ServerAPI:
             timeout=httpx.Timeout(timeout_s, connect=min(connect_timeout_s, timeout_s)),
             limits=httpx.Limits(max_connections=8, max_keepalive_connections=8),
         )
-        self._tokenize_form: int | None = None  # which engine's /tokenize body this server understands (-1: none)
+        # What the server said of its optional endpoints, shared by the caller across instances for one server:
+        # "tokenize_form" (which engine's /tokenize body it understands, -1: none), "cache_resets" (paths to try).
+        self.known: dict[str, Any] = {} if known is None else known
 
     async def __aenter__(self) -> ServerAPI:
         return self
@@ -168,11 +170,19 @@ class ServerAPI:
 
     async def reset_prefix_cache(self, paths: Sequence[str]) -> str | None:
         """Empty the server's prefix cache through the first of ``paths`` (POST) it answers with 2xx; the path
-        that did it, or None (no such endpoint, or refused)."""
-        for path in paths:
-            answer = await self._maybe("POST", path, timeout_s=min(self.timeout_s, 30.0))
+        that did it, or None (no such endpoint, or refused). A path it never answers (a server that leaves unknown
+        paths hanging) ends the tries: the next would wait as long."""
+        for path in self.known.get("cache_resets", paths):
+            try:
+                answer: Answer | None = await self.call("POST", path, timeout_s=min(self.timeout_s, 30.0))
+            except NoAnswer as exc:
+                if not exc.refused:
+                    break
+                answer = None
             if answer is not None and 200 <= answer.status < 300:
+                self.known["cache_resets"] = [path]
                 return path
+        self.known.setdefault("cache_resets", [])  # none works here: not asked (nor waited on) again
         return None
 
     async def metrics_text(self) -> str | None:
@@ -201,8 +211,15 @@ class ServerAPI:
         return None
 
     async def _tokenize(self, form: int, text: str) -> int | None:
-        answer = await self._maybe("POST", "/tokenize", json=self._tokenize_body(form, text), timeout_s=TOKENIZE_CALL_S)
-        return self._count_of(answer.json()) if answer is not None and answer.status == 200 else None
+        """The count a form gives; None when the answer makes no count. A /tokenize that never answers raises
+        NoAnswer (the detection then stops: every other form would wait as long)."""
+        try:
+            answer = await self.call("POST", "/tokenize", json=self._tokenize_body(form, text), timeout_s=TOKENIZE_CALL_S)
+        except NoAnswer as exc:
+            if not exc.refused:
+                raise
+            return None
+        return self._count_of(answer.json()) if answer.status == 200 else None
 
     async def tokenize_form(self) -> int | None:
         """Which /tokenize body this server understands (each engine's module gives its own), found once: a
@@ -210,10 +227,10 @@ class ServerAPI:
         about as many times as many tokens. A server that answers a form it does not know with a count of 0,
         or with one count for everything, is not believed. None: no form makes sense (counts are then
         approximate)."""
-        if self._tokenize_form is None:
-            self._tokenize_form = -1
+        if "tokenize_form" not in self.known:
+            self.known["tokenize_form"] = -1
             repeated = " ".join([_PROBE_TEXT] * _PROBE_REPEATS)
-            with contextlib.suppress(TimeoutError):  # a server that never finishes an answer: approximate
+            with contextlib.suppress(TimeoutError, NoAnswer):  # a server that never finishes an answer: approximate
                 async with asyncio.timeout(TOKENIZE_DETECT_S):
                     for form in range(len(engines.tokenize_bodies())):
                         one = await self._tokenize(form, _PROBE_TEXT)
@@ -222,9 +239,10 @@ class ServerAPI:
                         many = await self._tokenize(form, repeated)
                         if many is not None and plausible_count(many, repeated) and \
                                 counts_agree(one, many, _PROBE_REPEATS):
-                            self._tokenize_form = form
+                            self.known["tokenize_form"] = form
                             break
-        return None if self._tokenize_form < 0 else self._tokenize_form
+        form = self.known["tokenize_form"]
+        return None if form < 0 else form
 
     async def count_tokens(self, text: str) -> int | None:
         """Tokens in ``text`` by the server's ``/tokenize``; None when it has no tokenizer that makes sense."""
@@ -258,7 +276,10 @@ class ServerAPI:
                                                           self._headers), take)
                 n = self._count_of(orjson.loads(body))
             except Exception:  # noqa: BLE001 - once more through the general client: a blip, or an odd answer
-                n = await self._tokenize(form, text)
+                try:
+                    n = await self._tokenize(form, text)
+                except NoAnswer:
+                    n = None
             return n if n is not None and (plausible_count(n, text) or not text) else None
 
         try:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from specsweep.records import BlockRun, RequestRecord
+from specsweep.records import BlockRow, BlockRun, RequestRecord
 
 #: A level's own pace: no token from any request for longer than this many of its median gaps between
 #: arrivals (and than twice its TTFT p90, and STALL_FLOOR_S) is a stall of the server, not its pace.
@@ -71,14 +71,26 @@ OWN_CAUSES = {"failed": re.compile(r"\d+ request\(s\) failed"), "client": re.com
 #: stall stays a disturbance however often it comes back (a busy machine starves a server's threads).
 THE_SERVERS_WHEN_MET_AGAIN = frozenset({"failed", "client"})
 
+#: Failures that are what the server sent (its bytes broke HTTP or SSE framing, its events were not JSON), not
+#: what the machine did: a block where every request met the same one is the server's answer, not a disturbance.
+THE_SERVERS_ANSWER = frozenset({"ProtocolError", "MalformedSSE"})
+
+def servers_answer(row: BlockRow) -> str | None:
+    """The one failure of THE_SERVERS_ANSWER that every request of the block met (none completed); else None."""
+    kind = row.errors.split(":", 1)[0]
+    return kind if row.requests and not row.completed and kind in THE_SERVERS_ANSWER \
+        and row.errors == f"{kind}: {row.failed}" else None
+
 def own_cause(reason: str | None) -> str | None:
     """The kind of a block's own disturbance; None for none, or for a judgement against other blocks."""
     return next((kind for kind, start in OWN_CAUSES.items() if reason and start.match(reason)), None)
 
 def disturbance(run: BlockRun, figures: dict[str, Any]) -> str | None:
     """Why the machine, not the server under test, shaped this block; None when nothing did."""
-    if figures["failed"]:
-        return f"{figures['failed']} request(s) failed ({figures['errors']})"
+    if figures["failed"]:  # none completed: what the server said is the whole story, so it is quoted
+        said = next((r.error_message for r in run.records if not r.warmup and r.error_message), None)
+        return f"{figures['failed']} request(s) failed ({figures['errors']})" + \
+            (f": {said[:300]}" if said and not figures["completed"] else "")
     measured = [r for r in run.records if not r.warmup]
     gap, median = longest_gap(measured)
     ttft_p90 = (figures.get("ttft_ms_p90") or 0.0) / 1000

@@ -4,8 +4,9 @@ and the levels in the order they are measured."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from specsweep import engines
 from specsweep.bench.config import RequestSpec, SweepConfig, WorkloadConfig
@@ -23,9 +24,12 @@ class BenchTarget(BaseModel):
     request: RequestSpec = Field(default_factory=RequestSpec, description="Endpoint, API key, sampling.")
     engine: str = Field(engines.CUSTOM, description="The engine behind the URL (what its requests ask for, what its "
                         "answers carry).")
+    #: What the server said of its optional endpoints (its /tokenize form, its cache reset), learnt once per target:
+    #: every block's ServerAPI shares it instead of asking again (and waiting again on one that never answers).
+    _known: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     def api(self) -> ServerAPI:
-        return ServerAPI(self.base_url, self.request.api_key)
+        return ServerAPI(self.base_url, self.request.api_key, known=self._known)
 
 @dataclass(frozen=True)
 class SweepJob:

@@ -8,6 +8,7 @@ import statistics
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from specsweep.errors import ServerError
 from specsweep.records import Block, BlockRow
 from specsweep.sweep import disturbance
 from specsweep.sweep.job import Level
@@ -73,6 +74,10 @@ class Sweeper:
             raise
         if row.failed and check_server is not None:
             await check_server(f"during level {level.label}")
+        if (kind := disturbance.servers_answer(row)) is not None:  # measuring again would change nothing
+            raise ServerError(f"level {level.label}: every request failed with {kind}, the server's own answer "
+                              f"({row.disturbed}): its streamed answers are not events specsweep can read (the "
+                              "block is stored; the sweep stops here)")
         return row
 
     @staticmethod

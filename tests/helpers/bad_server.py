@@ -6,6 +6,10 @@ produces on demand.
 Modes: bad-chunk-size, bad-status-line, oversized-headers, choices-not-list, invalid-utf8, endless-line. The other
 requests get a well-formed streamed completion of four tokens, so a level against it has both.
 
+Mode malformed: every streamed completion's events are malformed ('choices' not a list); /v1/models and /health
+answer well; a POST to any other path (/tokenize, the cache resets) is never answered, as a server that leaves
+unknown paths hanging; GET /served says how many completions it streamed.
+
 Mode stalls: the answers outside the timed load never end. GET /health trickles one byte every 0.2 s; POST
 /tokenize sends its headers and then nothing; GET /v1/models answers at once; a completion streams well.
 """
@@ -38,6 +42,10 @@ HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding
 
 def answer(mode: str) -> bytes:
     good = [json.dumps(e).encode() for e in GOOD_EVENTS]
+    if mode == "all-choices-not-list":
+        return HEAD + chunked(sse([json.dumps({"id": "x", "choices": {"text": f" t{i}"}}).encode() for i in range(4)]))
+    if mode == "malformed":
+        return b""
     if mode == "good":
         return HEAD + chunked(sse(good))
     if mode == "bad-chunk-size":
@@ -109,6 +117,22 @@ async def main() -> None:
                 length = next((int(h.split(b":", 1)[1]) for h in head.split(b"\r\n")
                                if h.lower().startswith(b"content-length:")), 0)
                 await reader.readexactly(length)
+                if args.mode == "malformed":
+                    line = head.split(b"\r\n", 1)[0]
+                    if line.startswith((b"POST /v1/completions", b"POST /v1/chat/completions")):
+                        served += 1
+                        writer.write(answer("all-choices-not-list"))
+                    elif line.startswith(b"POST"):
+                        await asyncio.Event().wait()  # never answered
+                    else:
+                        body = json.dumps({"data": [{"id": "malformed"}]} if b"/v1/models" in line else
+                                          {"served": served} if b"/served" in line else {}).encode()
+                        status = b"200 OK" if line.split(b" ")[1].split(b"?")[0] in (
+                            b"/v1/models", b"/health", b"/served") else b"404 Not Found"
+                        writer.write(b"HTTP/1.1 %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                                     % (status, len(body), body))
+                    await writer.drain()
+                    continue
                 if args.mode == "stalls":
                     if not await stall(head.split(b"\r\n", 1)[0], writer):
                         writer.write(answer("good"))
