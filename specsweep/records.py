@@ -83,6 +83,7 @@ class RequestRecord:
     endpoint: str | None = None  # completions, chat or generate
     prompt_index: int | None = None  # which of the level's prompts (the same index in each configuration)
     category: str | None = None  # the prompt's category in its set (MT-Bench's writing, coding, ...)
+    phase: int | None = None  # its phase in traffic that shifts (workload.phases): 0, 1, 2, ...
     finish_reason: str | None = None  # stop (its natural end) or length (max_tokens), as the server says
     output_digest: str | None = None  # a hash of the generated text: equal digests, equal outputs
 
@@ -175,6 +176,8 @@ class RequestRow(Row):
     endpoint: str | None = None
     prompt_index: int | None = None
     category: str | None = None
+    phase: int | None = Field(None, description="Its phase in traffic that shifts (workload.phases), from 0: "
+                              "phase n sent the categories' (n mod their number)-th. None: no phases.")
     finish_reason: str | None = Field(None, description="stop (the natural end) or length (max_tokens).")
     output_digest: str | None = Field(None, description="Hash of the generated text (equal: the same output).")
     ttft_ms: float | None = None
