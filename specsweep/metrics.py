@@ -104,16 +104,31 @@ def peak_output_tokens_per_s(records: Iterable[RequestRecord], start: float) -> 
     return float(max(buckets.values())) if buckets else 0.0
 
 
+def _verified_tokens(r: RequestRecord) -> float:
+    """Tokens a request's verify steps emitted: the engine's own accept length times its steps where it gives one
+    (which leaves out the tokens no verify step made), else its output tokens (completion tokens per verify step)."""
+    if r.spec_accept_length is not None and r.spec_verify_ct:
+        return r.spec_accept_length * r.spec_verify_ct
+    return float(r.output_tokens or 0)
+
+
 def spec_from_records(records: Sequence[RequestRecord]) -> dict[str, float | None]:
-    """Per-request speculation figures (where the engine's answers carry them) summed over a level."""
+    """Per-request speculation figures (where the engine's answers carry them) summed over a level. The accept
+    length two ways: over all verify steps together (each step counts once: ``spec_accept_length``, also
+    ``..._step_weighted``) and as the mean of the requests' own (each request counts once)."""
     ok = [r for r in records if r.ok]
     drafted = sum(r.spec_draft_tokens or 0 for r in ok)
     accepted = sum(r.spec_accepted_tokens or 0 for r in ok)
-    verify = sum(r.spec_verify_ct or 0 for r in ok)
-    tokens_with_verify = sum(r.output_tokens or 0 for r in ok if r.spec_verify_ct)
+    with_verify = [r for r in ok if r.spec_verify_ct]
+    verify = sum(r.spec_verify_ct or 0 for r in with_verify)
+    step_weighted = sum(_verified_tokens(r) for r in with_verify) / verify if verify else None
     return {
         "spec_acceptance_rate": accepted / drafted if drafted else None,
-        "spec_accept_length": tokens_with_verify / verify if verify else None,
+        "spec_accept_length": step_weighted,
+        "spec_accept_length_step_weighted": step_weighted,
+        "spec_accept_length_request_weighted": (
+            sum(_verified_tokens(r) / (r.spec_verify_ct or 1) for r in with_verify) / len(with_verify)
+            if with_verify else None),
     }
 
 
@@ -208,6 +223,8 @@ def level_row(run: LevelRun, *, config_name: str) -> LevelRow:
         if m.get(key) is None and value is not None:
             m[key] = value
             spec_source = source
+    if m.get("spec_accept_length_step_weighted") is None:  # the counters' figure is step-weighted too
+        m["spec_accept_length_step_weighted"] = m.get("spec_accept_length")
     level = run.level
     return LevelRow(
         config_name=config_name, level_index=level.index, mode=level.mode, concurrency=level.concurrency,

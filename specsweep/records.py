@@ -78,6 +78,8 @@ class RequestRecord:
     spec_draft_tokens: int | None = None  # drafted tokens, where the engine's answer says (its module reads them)
     spec_accepted_tokens: int | None = None  # of them, accepted
     spec_verify_ct: int | None = None  # verify steps, where the engine's answer says
+    spec_accept_length: float | None = None  # the engine's own per-request accept length (bonus token included)
+    spec_accept_histogram: list[int] | None = None  # steps that accepted exactly j drafts, by j (where said)
     response_id: str | None = None  # the server's id for the response (first event's "id")
     warmup: bool = False
     endpoint: str | None = None  # completions, chat or generate
@@ -172,6 +174,10 @@ class RequestRow(Row):
     spec_draft_tokens: int | None = None
     spec_accepted_tokens: int | None = None
     spec_verify_ct: int | None = None
+    spec_accept_length: float | None = Field(None, description="The engine's own accept length for this request "
+                                             "(tokens per verify step, the bonus token included), where it says.")
+    spec_accept_histogram: list[int] | None = Field(
+        None, description="Verify steps that accepted exactly j drafts, index j, where the engine's answer counts them.")
     response_id: str | None = None
     endpoint: str | None = None
     prompt_index: int | None = None
@@ -235,7 +241,15 @@ class LevelRow(Row):
     e2e_ms_p99: float | None = None
     spec_acceptance_rate: float | None = None
     spec_accept_length: float | None = None
-    spec_source: str | None = None
+    spec_source: str | None = Field(None, description="Where the spec_* figures came from: per-request (the engine's "
+                                    "answers) or /metrics difference (its counters around the level).")
+    spec_accept_length_step_weighted: float | None = Field(
+        None, description="Accept length over all the level's verify steps together (per-request figures, or the "
+        "counters): tokens per step, each step counting once.")
+    spec_accept_length_request_weighted: float | None = Field(
+        None, description="Accept length as the mean of each request's own (per-request figures): each request "
+        "counting once, however many steps it took. It differs from the step-weighted figure where long and short "
+        "answers accept differently. Per-request figures only.")
     spec_drafts: float | None = Field(None, description="Drafts the engine made in the level (/metrics difference).")
     spec_draft_tokens: float | None = None
     spec_accepted_tokens: float | None = None

