@@ -145,6 +145,22 @@ def spec_from_counters(before: dict[str, float], after: dict[str, float]) -> tup
              "spec_accept_length": 1 + accepted / drafts if drafts > 0 else None}, "/metrics difference")
 
 
+def energy_figures(row: LevelRow, records: Sequence[RequestRecord]) -> dict[str, float | None]:
+    """A level's GPU energy from the power sampled while it ran (``gpu_power_mean_w``, the server's GPUs
+    together): mean power times the measured span, per output token and per accepted draft token. The
+    accepted tokens are the requests' own where the engine's answers said them, else its counters' difference.
+    All None without power readings."""
+    power, duration = row.gpu_power_mean_w, row.duration_s
+    if power is None or duration <= 0:
+        return {"gpu_energy_j": None, "joules_per_output_token": None, "joules_per_accepted_token": None}
+    energy = power * duration
+    said = [r.spec_accepted_tokens for r in records if r.ok and not r.warmup and r.spec_accepted_tokens is not None]
+    accepted = float(sum(said)) if said else row.spec_accepted_tokens
+    return {"gpu_energy_j": round(energy, 3),
+            "joules_per_output_token": energy / row.output_tokens_total if row.output_tokens_total else None,
+            "joules_per_accepted_token": energy / accepted if accepted else None}
+
+
 def steady_window(records: Sequence[RequestRecord], concurrency: int | None) -> tuple[float, float] | None:
     """(start, end) of the span in which ``concurrency`` requests were in flight: closed loop, N requests,
     C at a time, each completion but the last C - 1 followed at once by the next send. None where there

@@ -276,6 +276,12 @@ class LevelRow(Row):
     gpu_utilization_max_pct: float | None = None
     gpu_memory_used_max_mib: float | None = Field(None, description="Most memory its GPUs held together (MiB).")
     gpu_power_mean_w: float | None = Field(None, description="Power draw of its GPUs together, mean (W).")
+    gpu_energy_j: float | None = Field(None, description="Energy its GPUs drew over the measured span: the mean "
+                                       "sampled power times the span's duration (J).")
+    joules_per_output_token: float | None = Field(None, description="gpu_energy_j per output token of the level.")
+    joules_per_accepted_token: float | None = Field(
+        None, description="gpu_energy_j per accepted draft token (speculative configurations; per-request figures, "
+        "else the engine's counters).")
     prompts_digest: str | None = Field(None, description="Hash of the level's prompt texts, in order.")
     prompt_source: str | None = Field(None, description="The prompt set: synthetic, mt-bench, humaneval, sharegpt, "
                                       "file or bundled.")

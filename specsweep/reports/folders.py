@@ -12,7 +12,7 @@ from typing import Any
 
 from specsweep.analysis.compare import Comparison
 from specsweep.analysis.tuning import Tuning
-from specsweep.reports.markdown import comparison_markdown, tuning_markdown
+from specsweep.reports.markdown import comparison_markdown, energy_levels, energy_markdown, tuning_markdown
 from specsweep.reports.plots import comparison_plots, tuning_plot
 from specsweep.results import ResultsStore, comparison_folder, tuning_folder
 
@@ -95,10 +95,23 @@ def write_comparison_report(comp: Comparison, store: ResultsStore, plots: dict[s
     folder = comparison_folder(comp.baseline_run_id, comp.speculative_run_id)
     plots = comparison_plots(comp) if plots is None else plots
     urls = {name: store.write_file(f"{folder}/{name}.png", png) for name, png in plots.items()}
-    urls["recommendation"] = store.write_file(f"{folder}/recommendation.json", _json(recommendation_json(comp)))
+    energy = _energy(comp, store)
+    urls["recommendation"] = store.write_file(f"{folder}/recommendation.json", _json(
+        recommendation_json(comp) | ({"energy": energy} if energy else {})))
     _engine_file(store, folder, urls, comp.setting)
-    urls["report"] = store.write_file(f"{folder}/report.md", (comparison_markdown(comp) + "\n").encode())
+    text = "\n\n".join([comparison_markdown(comp), *energy_markdown(energy)])
+    urls["report"] = store.write_file(f"{folder}/report.md", (text + "\n").encode())
     return urls
+
+
+def _energy(comp: Comparison, store: ResultsStore) -> list[dict[str, float | int | None]]:
+    """Each level's GPU energy from the two runs' stored rows (nothing where a run is not in the store)."""
+    if not comp.baseline_run_id or not comp.speculative_run_id:
+        return []
+    try:
+        return energy_levels(store.level_rows(comp.baseline_run_id), store.level_rows(comp.speculative_run_id))
+    except OSError:
+        return []
 
 
 def write_tuning_report(tuning: Tuning, store: ResultsStore, plot: bytes | None = None) -> dict[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 
 from specsweep import engines
@@ -13,6 +14,7 @@ from specsweep.analysis.tuning import Tuning
 from specsweep.analysis.verify import Verification
 from specsweep.engines import PerBatchSetting
 from specsweep.engines.base import MAX_BATCH
+from specsweep.records import LevelRow
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -105,6 +107,54 @@ def comparison_markdown(comp: Comparison) -> str:
     if comp.notes:
         parts.append("### Notes\n" + "\n".join(f"- {n}" for n in comp.notes))
     return "\n\n".join(parts)
+
+
+def _median(rows: Sequence[LevelRow], name: str) -> float | None:
+    values = [v for r in rows if (v := getattr(r, name)) is not None]
+    return statistics.median(values) if values else None
+
+
+def energy_levels(baseline: Sequence[LevelRow], speculative: Sequence[LevelRow]) -> list[dict[str, float | int | None]]:
+    """Per concurrency level, the GPU energy of each configuration (median over the blocks that count): joules
+    per output token, the speculative one's per accepted draft token, and the mean power. Empty where no block
+    had power readings."""
+    def counted(rows: Sequence[LevelRow], c: int) -> list[LevelRow]:
+        return [r for r in rows if r.concurrency == c and r.disturbed is None]
+
+    levels = sorted({r.concurrency for r in [*baseline, *speculative] if r.concurrency is not None})
+    out: list[dict[str, float | int | None]] = []
+    for c in levels:
+        b, sp = counted(baseline, c), counted(speculative, c)
+        row: dict[str, float | int | None] = {
+            "concurrency": c,
+            "baseline_j_per_token": _median(b, "joules_per_output_token"),
+            "speculative_j_per_token": _median(sp, "joules_per_output_token"),
+            "speculative_j_per_accepted_token": _median(sp, "joules_per_accepted_token"),
+            "baseline_power_w": _median(b, "gpu_power_mean_w"),
+            "speculative_power_w": _median(sp, "gpu_power_mean_w"),
+        }
+        if row["baseline_j_per_token"] is not None or row["speculative_j_per_token"] is not None:
+            out.append(row)
+    return out
+
+
+def energy_markdown(levels: Sequence[dict[str, float | int | None]]) -> list[str]:
+    """The energy table of a comparison's report (nothing where no level had power readings)."""
+    if not levels:
+        return []
+    rows = []
+    for lv in levels:
+        b, sp = lv["baseline_j_per_token"], lv["speculative_j_per_token"]
+        ratio = f"{sp / b:.2f}" if isinstance(b, float) and isinstance(sp, float) and b > 0 else "-"
+        rows.append([str(lv["concurrency"]), _f(b, 3), _f(sp, 3), ratio, _f(lv["speculative_j_per_accepted_token"], 3),
+                     f"{_f(lv['baseline_power_w'])} / {_f(lv['speculative_power_w'])}"])
+    return ["### Energy (GPU)",
+            markdown_table(["concurrency", "baseline J/token", "speculative J/token", "speculative / baseline",
+                            "spec. J/accepted draft token", "mean power W b/s"], rows),
+            "Energy: the server's GPUs' power as nvidia-smi sampled it while each block ran (their sum, mean over "
+            "the readings) times the block's measured span, per output token; median over the blocks that count. "
+            "Per accepted draft token: the same energy over the drafts the target accepted. Sampled power, not "
+            "metered energy: readings a second apart miss short peaks."]
 
 
 def temperatures_markdown(comparisons: dict[str, Comparison]) -> str:
