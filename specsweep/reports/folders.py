@@ -1,7 +1,9 @@
 """The report folders under the results root, written beside the data:
 
     reports/<baseline run>--<speculative run>/   a comparison: report.md, recommendation.json, the
-                                                 the engine's own file, where it has a per-batch switch, plots
+                                                 the engine's own file, where it has a per-batch switch, plots,
+                                                 speculation_profile.json where the engine answered
+                                                 per-request acceptance histograms
     reports/tune-<baseline run>/                 a grid: report.md, tuning.json, the engine's file, speedup.png
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from specsweep.acceptance import speculation_profile
 from specsweep.analysis.compare import Comparison
 from specsweep.analysis.tuning import Tuning
 from specsweep.reports.markdown import comparison_markdown, energy_levels, energy_markdown, tuning_markdown
@@ -99,9 +102,28 @@ def write_comparison_report(comp: Comparison, store: ResultsStore, plots: dict[s
     urls["recommendation"] = store.write_file(f"{folder}/recommendation.json", _json(
         recommendation_json(comp) | ({"energy": energy} if energy else {})))
     _engine_file(store, folder, urls, comp.setting)
+    if (profile := _profile(comp, store)) is not None:
+        urls["speculation_profile"] = store.write_file(f"{folder}/speculation_profile.json", _json(profile))
     text = "\n\n".join([comparison_markdown(comp), *energy_markdown(energy)])
     urls["report"] = store.write_file(f"{folder}/report.md", (text + "\n").encode())
     return urls
+
+
+#: The request columns the acceptance profile reads.
+PROFILE_COLUMNS = ("warmup", "category", "spec_accept_histogram", "spec_accept_length", "spec_verify_ct")
+
+
+def _profile(comp: Comparison, store: ResultsStore) -> dict[str, Any] | None:
+    """The speculative configuration's acceptance profile, where its engine answered per-request histograms."""
+    if not comp.speculative_run_id:
+        return None
+    try:
+        rows = store.request_fields(comp.speculative_run_id, PROFILE_COLUMNS)
+    except OSError:
+        return None
+    spec = comp.speculation
+    return speculation_profile(rows, configuration=comp.speculative, method=spec.method if spec else None,
+                               eagle_topk=spec.eagle_topk if spec else None)
 
 
 def _energy(comp: Comparison, store: ResultsStore) -> list[dict[str, float | int | None]]:
