@@ -122,7 +122,10 @@ def spec_from_records(records: Sequence[RequestRecord]) -> dict[str, float | Non
     with_verify = [r for r in ok if r.spec_verify_ct]
     verify = sum(r.spec_verify_ct or 0 for r in with_verify)
     step_weighted = sum(_verified_tokens(r) for r in with_verify) / verify if verify else None
+    drafted_with_verify = sum(r.spec_draft_tokens or 0 for r in with_verify if r.spec_draft_tokens is not None)
     return {
+        "spec_drafted_per_step": drafted_with_verify / verify if verify and any(
+            r.spec_draft_tokens is not None for r in with_verify) else None,
         "spec_acceptance_rate": accepted / drafted if drafted else None,
         "spec_accept_length": step_weighted,
         "spec_accept_length_step_weighted": step_weighted,
@@ -241,6 +244,10 @@ def level_row(run: LevelRun, *, config_name: str) -> LevelRow:
             spec_source = source
     if m.get("spec_accept_length_step_weighted") is None:  # the counters' figure is step-weighted too
         m["spec_accept_length_step_weighted"] = m.get("spec_accept_length")
+    if m.get("spec_drafted_per_step") is None:
+        diff = engine_metrics.differences(run.engine_before, run.engine_after)
+        if diff.get("spec_drafts", 0.0) > 0 and "spec_draft_tokens" in diff:
+            m["spec_drafted_per_step"] = diff["spec_draft_tokens"] / diff["spec_drafts"]
     level = run.level
     return LevelRow(
         config_name=config_name, level_index=level.index, mode=level.mode, concurrency=level.concurrency,

@@ -250,6 +250,9 @@ class LevelRow(Row):
         None, description="Accept length as the mean of each request's own (per-request figures): each request "
         "counting once, however many steps it took. It differs from the step-weighted figure where long and short "
         "answers accept differently. Per-request figures only.")
+    spec_drafted_per_step: float | None = Field(
+        None, description="Draft tokens per verify step, mean over the level's steps: the depth an engine's own "
+        "controller (SGLang's adaptive tiers, vLLM's per-batch table) ran at. Per-request figures, else counters.")
     spec_drafts: float | None = Field(None, description="Drafts the engine made in the level (/metrics difference).")
     spec_draft_tokens: float | None = None
     spec_accepted_tokens: float | None = None

@@ -66,11 +66,14 @@ async def test_the_controller_follows_the_phases_and_each_row_records_its_phase(
         watcher = threading.Thread(target=watch, args=(url,))
         watcher.start()
         try:
-            row = await measure_level(BenchTarget(base_url=url), job, Level(index=0, mode="concurrency", value=4))
+            row = await measure_level(BenchTarget(base_url=url, engine="sglang"), job,
+                                      Level(index=0, mode="concurrency", value=4))
         finally:
             stop.set()
             watcher.join()
     assert row.completed == 32
+    # The depth it drafted at, over the level's steps: between its lowest tier and its highest (both were used).
+    assert row.spec_drafted_per_step is not None and 1 < row.spec_drafted_per_step < 7
     measured = store.requests(["shift"]).query("not warmup").sort_values("prompt_index")
     assert measured["phase"].tolist() == [i // 8 for i in range(32)]
     assert measured["category"].tolist() == (["coding"] * 8 + ["roleplay"] * 8) * 2

@@ -65,6 +65,7 @@ def test_step_and_request_weighted_accept_lengths_differ_and_say_where_they_came
     assert row.spec_accept_length_step_weighted == pytest.approx(36 / 42 + 1)
     assert row.spec_accept_length == row.spec_accept_length_step_weighted
     assert row.spec_accept_length_request_weighted == pytest.approx((1.75 + 4) / 2)
+    assert row.spec_drafted_per_step == 3.0  # 126 drafts over 42 steps: the depth the engine ran at
 
 
 def test_without_per_request_figures_the_counters_answer_step_weighted_only() -> None:
@@ -77,3 +78,4 @@ def test_without_per_request_figures_the_counters_answer_step_weighted_only() ->
     assert row.spec_source == "/metrics difference"
     assert row.spec_accept_length == row.spec_accept_length_step_weighted == pytest.approx(1 + 30 / 20)
     assert row.spec_accept_length_request_weighted is None
+    assert row.spec_drafted_per_step == 3.0  # 60 draft tokens in 20 drafts
