@@ -15,7 +15,14 @@ from typing import Any
 from specsweep.acceptance import speculation_profile
 from specsweep.analysis.compare import Comparison
 from specsweep.analysis.tuning import Tuning
-from specsweep.reports.markdown import comparison_markdown, energy_levels, energy_markdown, tuning_markdown
+from specsweep.reports.markdown import (
+    PHASE_COLUMNS,
+    comparison_markdown,
+    energy_levels,
+    energy_markdown,
+    phases_markdown,
+    tuning_markdown,
+)
 from specsweep.reports.plots import comparison_plots, tuning_plot
 from specsweep.results import ResultsStore, comparison_folder, tuning_folder
 
@@ -104,7 +111,7 @@ def write_comparison_report(comp: Comparison, store: ResultsStore, plots: dict[s
     _engine_file(store, folder, urls, comp.setting)
     if (profile := _profile(comp, store)) is not None:
         urls["speculation_profile"] = store.write_file(f"{folder}/speculation_profile.json", _json(profile))
-    text = "\n\n".join([comparison_markdown(comp), *energy_markdown(energy)])
+    text = "\n\n".join([comparison_markdown(comp), *energy_markdown(energy), *_phases(comp, store)])
     urls["report"] = store.write_file(f"{folder}/report.md", (text + "\n").encode())
     return urls
 
@@ -124,6 +131,17 @@ def _profile(comp: Comparison, store: ResultsStore) -> dict[str, Any] | None:
     spec = comp.speculation
     return speculation_profile(rows, configuration=comp.speculative, method=spec.method if spec else None,
                                eagle_topk=spec.eagle_topk if spec else None)
+
+
+def _phases(comp: Comparison, store: ResultsStore) -> list[str]:
+    """The phases table, where the runs' requests were sent in phases."""
+    if not comp.baseline_run_id or not comp.speculative_run_id:
+        return []
+    try:
+        return phases_markdown(store.request_fields(comp.baseline_run_id, PHASE_COLUMNS),
+                               store.request_fields(comp.speculative_run_id, PHASE_COLUMNS))
+    except OSError:
+        return []
 
 
 def _energy(comp: Comparison, store: ResultsStore) -> list[dict[str, float | int | None]]:

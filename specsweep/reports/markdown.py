@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from specsweep import engines
 from specsweep.analysis.compare import Comparison
@@ -101,6 +102,9 @@ def comparison_markdown(comp: Comparison) -> str:
         "### Projected throughput",
         policies,
     ]
+    if comp.speculation is not None and comp.speculation.lossy_verifier:
+        parts.insert(1, f"**Lossy verifier ({comp.speculation.lossy_verifier})**: the speculative configuration does not "
+                        "keep the target model's outputs; its speed is not that of lossless speculation.")
     parts += traffic_markdown(comp.traffic)
     parts += slo_markdown(comp.slo)
     parts += verification_markdown(comp.verification)
@@ -155,6 +159,67 @@ def energy_markdown(levels: Sequence[dict[str, float | int | None]]) -> list[str
             "the readings) times the block's measured span, per output token; median over the blocks that count. "
             "Per accepted draft token: the same energy over the drafts the target accepted. Sampled power, not "
             "metered energy: readings a second apart miss short peaks."]
+
+
+#: The request columns the phases table reads.
+PHASE_COLUMNS = ("warmup", "level_value", "repeat", "prompt_index", "phase", "category", "tpot_ms", "spec_draft_tokens",
+                 "spec_verify_ct", "spec_accept_length", "output_tokens", "error_type")
+
+
+Request = Mapping[str, Any]
+
+
+def _drafts_per_step(rows: Sequence[Request]) -> float | None:
+    pairs = [(int(r["spec_draft_tokens"]), int(r["spec_verify_ct"])) for r in rows
+             if r.get("spec_draft_tokens") is not None and r.get("spec_verify_ct") is not None]
+    steps = sum(v for _, v in pairs)
+    return sum(d for d, _ in pairs) / steps if steps else None
+
+
+def _accept_length(r: Request) -> float | None:
+    """A request's accept length: the engine's own, else its output tokens per verify step."""
+    if isinstance(x := r.get("spec_accept_length"), (int, float)) and x == x:  # not NaN
+        return float(x)
+    steps, out = r.get("spec_verify_ct"), r.get("output_tokens")
+    return float(out) / float(steps) if steps and out else None
+
+
+def phases_markdown(baseline: Sequence[Request], speculative: Sequence[Request]) -> list[str]:
+    """Traffic that shifts (workload.phases): per level and phase, each configuration's per-request speed and the
+    speculative engine's drafting in the phase's first half and its second (a controller that reacts to the
+    shift changes between them). Nothing where the requests had no phases."""
+    def measured(rows: Sequence[Request]) -> list[Request]:
+        return [r for r in rows if not r.get("warmup") and r.get("phase") is not None and r.get("error_type") is None]
+
+    base, spec = measured(baseline), measured(speculative)
+    if not spec:
+        return []
+    keys = sorted({(float(r["level_value"]), int(r["phase"])) for r in spec})
+    table = []
+    for value, phase in keys:
+        def of(rows: list[Request], value: float = value, phase: int = phase) -> list[Request]:
+            return [r for r in rows if r["level_value"] == value and r["phase"] == phase]
+
+        s_rows = sorted(of(spec), key=lambda r: (r["repeat"], r["prompt_index"]))
+        blocks: dict[Any, list[Request]] = {}
+        for r in s_rows:
+            blocks.setdefault(r["repeat"], []).append(r)
+        # Each block's phase in two halves, in the order its requests were sent.
+        first = [r for rows in blocks.values() for r in rows[:len(rows) // 2]]
+        second = [r for rows in blocks.values() for r in rows[len(rows) // 2:]]
+        tpot = [[float(t) for r in rows if isinstance(t := r.get("tpot_ms"), (int, float))] for rows in (of(base), s_rows)]
+        lengths = [x for r in s_rows if (x := _accept_length(r)) is not None]
+        table.append([f"{value:g}", str(phase), str(s_rows[0].get("category") or "-"), str(len(s_rows)),
+                      _f(statistics.median(tpot[0]), 2) if tpot[0] else "-",
+                      _f(statistics.median(tpot[1]), 2) if tpot[1] else "-",
+                      f"{_f(_drafts_per_step(first), 2)} -> {_f(_drafts_per_step(second), 2)}",
+                      _f(statistics.fmean(lengths), 2) if lengths else "-"])
+    return ["### Traffic that shifts (phases)",
+            markdown_table(["level", "phase", "category", "requests", "baseline TPOT p50 ms", "spec. TPOT p50 ms",
+                            "spec. drafts per step (first half -> second)", "spec. accept length"], table),
+            "Each phase sends one category of prompt, the next another, in turn. Drafts per step in a phase's first "
+            "half against its second: an engine's own controller that reacts to the shift changes its depth between "
+            "them (a fixed setting does not)."]
 
 
 def temperatures_markdown(comparisons: dict[str, Comparison]) -> str:

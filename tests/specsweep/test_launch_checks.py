@@ -77,3 +77,15 @@ async def test_a_run_is_refused_before_any_host_is_touched(tmp_path: Path) -> No
         await prepare_run([_vllm(), profile], host, BenchmarkSettings(results=str(results)))
     assert not results.exists()
     assert json.loads(profile.argv[profile.argv.index("--speculative-config") + 1])["num_speculative_tokens"] == 3
+
+
+def test_a_lossy_verifiers_comparison_is_labelled_in_its_report(tmp_path: Path) -> None:
+    from specsweep.analysis.compare import compare_runs
+    from specsweep.reports.markdown import comparison_markdown
+    from tests.specsweep.test_compare import BASE, SPEC, store_pair
+
+    comp = compare_runs(store_pair(tmp_path / "res", BASE, SPEC), "base1", "spec1")
+    assert "Lossy verifier" not in comparison_markdown(comp)
+    lossy = engines.speculation_of(_vllm(rejection_sample_method="fly").masked_command(), "vllm")
+    text = comparison_markdown(comp.model_copy(update={"speculation": lossy}))
+    assert "**Lossy verifier (fly)**: the speculative configuration does not keep the target model's outputs" in text

@@ -100,3 +100,36 @@ def _level_and(requests: list[RequestRow]) -> tuple:  # type: ignore[type-arg]
     from specsweep.records import LevelRow
 
     return LevelRow(config_name="x", level_index=0, mode="concurrency", concurrency=1), requests
+
+
+async def test_the_report_shows_each_phase_and_the_controllers_depth_changing_within_it(tmp_path: Path) -> None:
+    """A comparison of the baseline and the simulator's adaptive controller on code / role-play phases: the report's
+    phases table has every phase, and the controller drafts differently in a phase's first half than in its second
+    (it is still at the last phase's depth when a phase opens: deeper as role-play opens, shallower as code does)."""
+    from specsweep.analysis.compare import compare_runs
+    from specsweep.analysis.decision import DecisionConfig
+    from specsweep.records import RunRow
+    from specsweep.reports.folders import write_comparison_report
+
+    store = ResultsStore(tmp_path / "res")
+    adaptive = ("--speculative-algorithm", "EAGLE3", "--speculative-adaptive", "--sim-accept-rule", f"{CODE}=3.8",
+                "--sim-accept-rule", ".=1.2")
+    for run_id, name, flags in (("base", "sim-baseline", ()), ("adaptive", "sim-adaptive", adaptive)):
+        store.write_run(run_id, RunRow(config_name=name, engine="sglang", status="completed",
+                                       decision_json=DecisionConfig().model_dump_json()))
+        job = SweepJob(run_id=run_id, config_name=name, store=store, workload=SHIFT,
+                       sweep=SweepConfig(concurrency=[4], num_requests=32, warmup_requests=1))
+        with running_sim("--sim-profile", "tiny-fast", *flags) as (url, _):
+            for repeat in range(2):
+                await measure_level(BenchTarget(base_url=url, engine="sglang"), job,
+                                    Level(index=0, mode="concurrency", value=4, repeat=repeat))
+    write_comparison_report(compare_runs(store, "base", "adaptive"), store)
+    report = (tmp_path / "res" / "reports" / "base--adaptive" / "report.md").read_text()
+    assert "### Traffic that shifts (phases)" in report
+    phases = report.split("### Traffic that shifts (phases)")[1]
+    lines = [ln for ln in phases.splitlines() if ln.startswith("| 4 |")]
+    assert [ln.split(" | ")[1:3] for ln in lines] == [["0", "coding"], ["1", "roleplay"], ["2", "coding"],
+                                                      ["3", "roleplay"]]
+    halves = [[float(x) for x in ln.split(" | ")[6].split(" -> ")] for ln in lines]
+    # Code: it opens shallower than it ends (climbing to 7); role-play: it opens deeper (falling to 1).
+    assert [first < second for first, second in halves] == [True, False, True, False], halves
