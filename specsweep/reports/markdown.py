@@ -15,7 +15,7 @@ from specsweep.analysis.tuning import Tuning
 from specsweep.analysis.verify import Verification
 from specsweep.engines import PerBatchSetting
 from specsweep.engines.base import MAX_BATCH
-from specsweep.records import LevelRow
+from specsweep.records import BlockRow
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -113,16 +113,16 @@ def comparison_markdown(comp: Comparison) -> str:
     return "\n\n".join(parts)
 
 
-def _median(rows: Sequence[LevelRow], name: str) -> float | None:
+def _median(rows: Sequence[BlockRow], name: str) -> float | None:
     values = [v for r in rows if (v := getattr(r, name)) is not None]
     return statistics.median(values) if values else None
 
 
-def energy_levels(baseline: Sequence[LevelRow], speculative: Sequence[LevelRow]) -> list[dict[str, float | int | None]]:
+def energy_levels(baseline: Sequence[BlockRow], speculative: Sequence[BlockRow]) -> list[dict[str, float | int | None]]:
     """Per concurrency level, the GPU energy of each configuration (median over the blocks that count): joules
     per output token, the speculative one's per accepted draft token, and the mean power. Empty where no block
     had power readings."""
-    def counted(rows: Sequence[LevelRow], c: int) -> list[LevelRow]:
+    def counted(rows: Sequence[BlockRow], c: int) -> list[BlockRow]:
         return [r for r in rows if r.concurrency == c and r.disturbed is None]
 
     levels = sorted({r.concurrency for r in [*baseline, *speculative] if r.concurrency is not None})

@@ -11,7 +11,7 @@ import pytest
 from specsweep import engines
 from specsweep.acceptance import ALL, profile_of, speculation_profile
 from specsweep.metrics import request_rows
-from specsweep.records import Level, LevelRun, RequestRecord
+from specsweep.records import Block, BlockRun, RequestRecord
 from tests.specsweep.test_compare import BASE, SPEC, store_pair
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -37,8 +37,8 @@ def test_marginals_conditionals_and_the_length_check_by_hand() -> None:
 
 
 def test_per_category_checked_against_the_engines_own_length_and_predicted_at_smaller_k() -> None:
-    rows = [r.to_record() for r in request_rows(LevelRun(
-        level=Level(index=0, mode="concurrency", value=1), started_at=0.0,
+    rows = [r.to_record() for r in request_rows(BlockRun(
+        level=Block(index=0, mode="concurrency", value=1), started_at=0.0,
         records=[_recorded("completions", 0, "coding"), _recorded("chat", 1, "roleplay")]))]
     profile = speculation_profile(rows, configuration="vllm-draft", method="draft_model")
     assert profile is not None and profile["num_speculative_tokens"] == 3
@@ -65,7 +65,7 @@ def test_the_comparison_folder_holds_the_profile_where_the_engine_answered_histo
 
     store = store_pair(tmp_path / "res", BASE, SPEC)
     first = store.level_rows("spec1")[0]
-    run = LevelRun(level=first.level, started_at=0.0,
+    run = BlockRun(level=first.level, started_at=0.0,
                    records=[_recorded("completions", 0, "coding"), _recorded("chat", 1, "roleplay")])
     store.write_level("spec1", first.level.key, first, request_rows(run))
     write_comparison_report(compare_runs(store, "base1", "spec1"), store)

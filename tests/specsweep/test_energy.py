@@ -13,7 +13,7 @@ from specsweep.analysis.decision import DecisionConfig
 from specsweep.bench.config import SweepConfig, WorkloadConfig
 from specsweep.hosts import LocalHost
 from specsweep.metrics import energy_figures
-from specsweep.records import Level, LevelRow, RequestRecord, RunRow
+from specsweep.records import Block, BlockRow, RequestRecord, RunRow
 from specsweep.results.store import ResultsStore
 from specsweep.server.gpus import GpuWatch
 from specsweep.sweep import BenchTarget, SweepJob, measure_level
@@ -29,7 +29,7 @@ WATTS = 412.35 + 71.20
 
 
 def test_energy_by_hand() -> None:
-    row = LevelRow(config_name="s", level_index=0, mode="concurrency", concurrency=2, duration_s=2.0,
+    row = BlockRow(config_name="s", level_index=0, mode="concurrency", concurrency=2, duration_s=2.0,
                    output_tokens_total=400, gpu_power_mean_w=500.0, spec_accepted_tokens=999.0)
     said = [RequestRecord(index=i, scheduled_s=0.0, spec_accepted_tokens=100) for i in range(2)]
     assert energy_figures(row, said) == {"gpu_energy_j": 1000.0, "joules_per_output_token": 2.5,
@@ -52,7 +52,7 @@ async def test_energy_per_level_and_in_the_report(tmp_path: Path, monkeypatch: p
     monkeypatch.setenv("PATH", f"{tool.parent}:{os.environ['PATH']}")
     store = ResultsStore(tmp_path / "res")
     configs = {"base": ("sglang-baseline", ()), "spec": ("sglang-eagle3", ("--speculative-algorithm", "EAGLE3"))}
-    measured: dict[str, list[LevelRow]] = {}
+    measured: dict[str, list[BlockRow]] = {}
     for run_id, (name, flags) in configs.items():
         store.write_run(run_id, RunRow(config_name=name, engine="sglang", status="completed",
                                        decision_json=DecisionConfig().model_dump_json()))
@@ -60,7 +60,7 @@ async def test_energy_per_level_and_in_the_report(tmp_path: Path, monkeypatch: p
                        sweep=SweepConfig(concurrency=[1], num_requests=12, warmup_requests=1))
         with running_sim("--sim-profile", "tiny-fast", *flags) as (url, _):
             measured[run_id] = [await measure_level(BenchTarget(base_url=url, engine="sglang"), job,
-                                                    Level(index=0, mode="concurrency", value=1, repeat=r),
+                                                    Block(index=0, mode="concurrency", value=1, repeat=r),
                                                     gpus=GpuWatch(LocalHost(), interval_s=0.05)) for r in range(2)]
     for row in measured["base"] + measured["spec"]:
         assert row.gpu_power_mean_w == pytest.approx(WATTS)

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from specsweep.bench.config import SweepConfig, WorkloadConfig
 from specsweep.bench.workload import Prompt, build_prompts
 from specsweep.errors import ConfigError
-from specsweep.records import Level, RequestRow, arrow_schema
+from specsweep.records import Block, RequestRow, arrow_schema
 from specsweep.results.store import ResultsStore
 from specsweep.sweep import BenchTarget, SweepJob, measure_level
 from tests.helpers.sim import running_sim
@@ -67,7 +67,7 @@ async def test_the_controller_follows_the_phases_and_each_row_records_its_phase(
         watcher.start()
         try:
             row = await measure_level(BenchTarget(base_url=url, engine="sglang"), job,
-                                      Level(index=0, mode="concurrency", value=4))
+                                      Block(index=0, mode="concurrency", value=4))
         finally:
             stop.set()
             watcher.join()
@@ -97,9 +97,9 @@ def test_requests_stored_before_phases_read_with_new_ones(tmp_path: Path) -> Non
 
 
 def _level_and(requests: list[RequestRow]) -> tuple:  # type: ignore[type-arg]
-    from specsweep.records import LevelRow
+    from specsweep.records import BlockRow
 
-    return LevelRow(config_name="x", level_index=0, mode="concurrency", concurrency=1), requests
+    return BlockRow(config_name="x", level_index=0, mode="concurrency", concurrency=1), requests
 
 
 async def test_the_report_shows_each_phase_and_the_controllers_depth_changing_within_it(tmp_path: Path) -> None:
@@ -122,7 +122,7 @@ async def test_the_report_shows_each_phase_and_the_controllers_depth_changing_wi
         with running_sim("--sim-profile", "tiny-fast", *flags) as (url, _):
             for repeat in range(2):
                 await measure_level(BenchTarget(base_url=url, engine="sglang"), job,
-                                    Level(index=0, mode="concurrency", value=4, repeat=repeat))
+                                    Block(index=0, mode="concurrency", value=4, repeat=repeat))
     write_comparison_report(compare_runs(store, "base", "adaptive"), store)
     report = (tmp_path / "res" / "reports" / "base--adaptive" / "report.md").read_text()
     assert "### Traffic that shifts (phases)" in report

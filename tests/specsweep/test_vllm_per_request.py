@@ -11,7 +11,7 @@ import pytest
 
 from specsweep import engines
 from specsweep.metrics import level_row
-from specsweep.records import Level, LevelRun, RequestRecord
+from specsweep.records import Block, BlockRun, RequestRecord
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -58,7 +58,7 @@ def _done(i: int, steps: int, accepted: int, out: int, engine_length: bool = Tru
 def test_step_and_request_weighted_accept_lengths_differ_and_say_where_they_came_from() -> None:
     """A long answer that accepts little and a short one that accepts all: over the steps together 1 + 36/42
     = 1.86; the requests' own, 1.75 and 4, average 2.875."""
-    run = LevelRun(level=Level(index=0, mode="concurrency", value=2), started_at=0.0,
+    run = BlockRun(level=Block(index=0, mode="concurrency", value=2), started_at=0.0,
                    records=[_done(0, 40, 30, 70), _done(1, 2, 6, 8)])
     row = level_row(run, config_name="x")
     assert row.spec_source == "per-request"
@@ -72,7 +72,7 @@ def test_without_per_request_figures_the_counters_answer_step_weighted_only() ->
     before = {"spec_drafts": 10.0, "spec_draft_tokens": 30.0, "spec_accepted_tokens": 10.0}
     after = {"spec_drafts": 30.0, "spec_draft_tokens": 90.0, "spec_accepted_tokens": 40.0}
     rec = RequestRecord(index=0, scheduled_s=0.0, sent_s=0.0, end_s=1.0, output_tokens=40)
-    run = LevelRun(level=Level(index=0, mode="concurrency", value=1), started_at=0.0, records=[rec],
+    run = BlockRun(level=Block(index=0, mode="concurrency", value=1), started_at=0.0, records=[rec],
                    engine_before=before, engine_after=after)
     row = level_row(run, config_name="x")
     assert row.spec_source == "/metrics difference"
