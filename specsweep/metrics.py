@@ -104,16 +104,34 @@ def peak_output_tokens_per_s(records: Iterable[RequestRecord], start: float) -> 
     return float(max(buckets.values())) if buckets else 0.0
 
 
+def _verified_tokens(r: RequestRecord) -> float:
+    """Tokens a request's verify steps emitted: the engine's own accept length times its steps where it gives one
+    (which leaves out the tokens no verify step made), else its output tokens (completion tokens per verify step)."""
+    if r.spec_accept_length is not None and r.spec_verify_ct:
+        return r.spec_accept_length * r.spec_verify_ct
+    return float(r.output_tokens or 0)
+
+
 def spec_from_records(records: Sequence[RequestRecord]) -> dict[str, float | None]:
-    """Per-request speculation figures (where the engine's answers carry them) summed over a level."""
+    """Per-request speculation figures (where the engine's answers carry them) summed over a level. The accept
+    length two ways: over all verify steps together (each step counts once: ``spec_accept_length``, also
+    ``..._step_weighted``) and as the mean of the requests' own (each request counts once)."""
     ok = [r for r in records if r.ok]
     drafted = sum(r.spec_draft_tokens or 0 for r in ok)
     accepted = sum(r.spec_accepted_tokens or 0 for r in ok)
-    verify = sum(r.spec_verify_ct or 0 for r in ok)
-    tokens_with_verify = sum(r.output_tokens or 0 for r in ok if r.spec_verify_ct)
+    with_verify = [r for r in ok if r.spec_verify_ct]
+    verify = sum(r.spec_verify_ct or 0 for r in with_verify)
+    step_weighted = sum(_verified_tokens(r) for r in with_verify) / verify if verify else None
+    drafted_with_verify = sum(r.spec_draft_tokens or 0 for r in with_verify if r.spec_draft_tokens is not None)
     return {
+        "spec_drafted_per_step": drafted_with_verify / verify if verify and any(
+            r.spec_draft_tokens is not None for r in with_verify) else None,
         "spec_acceptance_rate": accepted / drafted if drafted else None,
-        "spec_accept_length": tokens_with_verify / verify if verify else None,
+        "spec_accept_length": step_weighted,
+        "spec_accept_length_step_weighted": step_weighted,
+        "spec_accept_length_request_weighted": (
+            sum(_verified_tokens(r) / (r.spec_verify_ct or 1) for r in with_verify) / len(with_verify)
+            if with_verify else None),
     }
 
 
@@ -128,6 +146,22 @@ def spec_from_counters(before: dict[str, float], after: dict[str, float]) -> tup
     accepted = diff.get("spec_accepted_tokens", 0.0)
     return ({"spec_acceptance_rate": accepted / drafted if drafted > 0 else None,
              "spec_accept_length": 1 + accepted / drafts if drafts > 0 else None}, "/metrics difference")
+
+
+def energy_figures(row: BlockRow, records: Sequence[RequestRecord]) -> dict[str, float | None]:
+    """A level's GPU energy from the power sampled while it ran (``gpu_power_mean_w``, the server's GPUs
+    together): mean power times the measured span, per output token and per accepted draft token. The
+    accepted tokens are the requests' own where the engine's answers said them, else its counters' difference.
+    All None without power readings."""
+    power, duration = row.gpu_power_mean_w, row.duration_s
+    if power is None or duration <= 0:
+        return {"gpu_energy_j": None, "joules_per_output_token": None, "joules_per_accepted_token": None}
+    energy = power * duration
+    said = [r.spec_accepted_tokens for r in records if r.ok and not r.warmup and r.spec_accepted_tokens is not None]
+    accepted = float(sum(said)) if said else row.spec_accepted_tokens
+    return {"gpu_energy_j": round(energy, 3),
+            "joules_per_output_token": energy / row.output_tokens_total if row.output_tokens_total else None,
+            "joules_per_accepted_token": energy / accepted if accepted else None}
 
 
 def steady_window(records: Sequence[RequestRecord], concurrency: int | None) -> tuple[float, float] | None:
@@ -210,6 +244,12 @@ def level_row(run: BlockRun, *, config_name: str) -> BlockRow:
         if m.get(key) is None and value is not None:
             m[key] = value
             spec_source = source
+    if m.get("spec_accept_length_step_weighted") is None:  # the counters' figure is step-weighted too
+        m["spec_accept_length_step_weighted"] = m.get("spec_accept_length")
+    if m.get("spec_drafted_per_step") is None:
+        diff = engine_metrics.differences(run.engine_before, run.engine_after)
+        if diff.get("spec_drafts", 0.0) > 0 and "spec_draft_tokens" in diff:
+            m["spec_drafted_per_step"] = diff["spec_draft_tokens"] / diff["spec_drafts"]
     level = run.level
     return BlockRow(
         config_name=config_name, level_index=level.index, mode=level.mode, concurrency=level.concurrency,

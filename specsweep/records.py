@@ -81,11 +81,14 @@ class RequestRecord:
     spec_draft_tokens: int | None = None  # drafted tokens, where the engine's answer says (its module reads them)
     spec_accepted_tokens: int | None = None  # of them, accepted
     spec_verify_ct: int | None = None  # verify steps, where the engine's answer says
+    spec_accept_length: float | None = None  # the engine's own per-request accept length (bonus token included)
+    spec_accept_histogram: list[int] | None = None  # steps that accepted exactly j drafts, by j (where said)
     response_id: str | None = None  # the server's id for the response (first event's "id")
     warmup: bool = False
     endpoint: str | None = None  # completions, chat or generate
     prompt_index: int | None = None  # which of the level's prompts (the same index in each configuration)
     category: str | None = None  # the prompt's category in its set (MT-Bench's writing, coding, ...)
+    phase: int | None = None  # its phase in traffic that shifts (workload.phases): 0, 1, 2, ...
     finish_reason: str | None = None  # stop (its natural end) or length (max_tokens), as the server says
     output_digest: str | None = None  # a hash of the generated text: equal digests, equal outputs
 
@@ -174,10 +177,16 @@ class RequestRow(Row):
     spec_draft_tokens: int | None = None
     spec_accepted_tokens: int | None = None
     spec_verify_ct: int | None = None
+    spec_accept_length: float | None = Field(None, description="The engine's own accept length for this request "
+                                             "(tokens per verify step, the bonus token included), where it says.")
+    spec_accept_histogram: list[int] | None = Field(
+        None, description="Verify steps that accepted exactly j drafts, index j, where the engine's answer counts them.")
     response_id: str | None = None
     endpoint: str | None = None
     prompt_index: int | None = None
     category: str | None = None
+    phase: int | None = Field(None, description="Its phase in traffic that shifts (workload.phases), from 0: "
+                              "phase n sent the categories' (n mod their number)-th. None: no phases.")
     finish_reason: str | None = Field(None, description="stop (the natural end) or length (max_tokens).")
     output_digest: str | None = Field(None, description="Hash of the generated text (equal: the same output).")
     ttft_ms: float | None = None
@@ -239,7 +248,18 @@ class BlockRow(Row):
     e2e_ms_p99: float | None = None
     spec_acceptance_rate: float | None = None
     spec_accept_length: float | None = None
-    spec_source: str | None = None
+    spec_source: str | None = Field(None, description="Where the spec_* figures came from: per-request (the engine's "
+                                    "answers) or /metrics difference (its counters around the level).")
+    spec_accept_length_step_weighted: float | None = Field(
+        None, description="Accept length over all the level's verify steps together (per-request figures, or the "
+        "counters): tokens per step, each step counting once.")
+    spec_accept_length_request_weighted: float | None = Field(
+        None, description="Accept length as the mean of each request's own (per-request figures): each request "
+        "counting once, however many steps it took. It differs from the step-weighted figure where long and short "
+        "answers accept differently. Per-request figures only.")
+    spec_drafted_per_step: float | None = Field(
+        None, description="Draft tokens per verify step, mean over the level's steps: the depth an engine's own "
+        "controller (adaptive tiers, a per-batch table) ran at. Per-request figures, else counters.")
     spec_drafts: float | None = Field(None, description="Drafts the engine made in the level (/metrics difference).")
     spec_draft_tokens: float | None = None
     spec_accepted_tokens: float | None = None
@@ -266,6 +286,12 @@ class BlockRow(Row):
     gpu_utilization_max_pct: float | None = None
     gpu_memory_used_max_mib: float | None = Field(None, description="Most memory its GPUs held together (MiB).")
     gpu_power_mean_w: float | None = Field(None, description="Power draw of its GPUs together, mean (W).")
+    gpu_energy_j: float | None = Field(None, description="Energy its GPUs drew over the measured span: the mean "
+                                       "sampled power times the span's duration (J).")
+    joules_per_output_token: float | None = Field(None, description="gpu_energy_j per output token of the level.")
+    joules_per_accepted_token: float | None = Field(
+        None, description="gpu_energy_j per accepted draft token (speculative configurations; per-request figures, "
+        "else the engine's counters).")
     prompts_digest: str | None = Field(None, description="Hash of the level's prompt texts, in order.")
     prompt_source: str | None = Field(None, description="The prompt set: synthetic, mt-bench, humaneval, sharegpt, "
                                       "file or bundled.")

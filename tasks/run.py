@@ -8,6 +8,7 @@ profile its job (run id, store, workload, sweep) and its run row's recorder.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -138,6 +139,9 @@ async def prepare_run(profiles: Sequence[ProfileParams], host: HostConfig, bench
     for f, p in zip(fields, profiles, strict=True):
         engines.check_name(p.engine, f"{f}.engine")
     servers = [await aresolve_profile(p, f) for f, p in zip(fields, profiles, strict=True)]
+    for f, server in zip(fields, servers, strict=True):  # the engine's launch rules: refused here, or warned
+        for finding in engines.check_launch(server, f):
+            logging.getLogger("specsweep.run").warning("%s (%s): %s", f, server.name, finding)
     resolved = await aresolve_host(host)
     check_allowed(resolved, servers)
     store = ResultsStore(await aresolve_results(benchmark.results, benchmark.results_block))

@@ -99,11 +99,20 @@ class WorkloadConfig(BaseModel):
     tokenizer: Path | None = Field(
         None, description="The model's tokenizer.json (or its folder) on this machine: prompts are counted with it "
         "locally (fast, nothing downloaded). Default: the server's /tokenize; approximate where it has none.")
+    phases: list[str] | None = Field(
+        None, min_length=2, max_length=16, description="Traffic that shifts: categories of the prompt set sent in "
+        "turn, phase_requests prompts of one, then of the next, cycling (e.g. ['coding', 'roleplay'] from mt-bench: "
+        "high acceptance, then low), so an engine's own speculation controller is seen reacting. Each request row "
+        "records its phase. Default: the categories mixed throughout.")
+    phase_requests: int = Field(16, ge=1, le=100_000, description="Requests per phase (with phases).")
 
     @model_validator(mode="after")
     def _file_given(self) -> WorkloadConfig:
         if self.source == "file" and self.prompts_file is None:
             raise ValueError("source is 'file' but prompts_file is empty: give the path of a JSONL or Parquet file")
+        if self.phases is not None and self.source == "synthetic":
+            raise ValueError("phases name categories of a prompt set: set source to mt-bench, humaneval, sharegpt, "
+                             "file or bundled (synthetic text has no categories)")
         return self
 
 

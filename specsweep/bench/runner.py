@@ -220,6 +220,7 @@ async def run_level_in_process(
     async def send(rec: RequestRecord, i: int) -> None:
         p = prompts[i % len(prompts)]
         rec.prompt_index, rec.category, rec.endpoint = i % len(prompts), p.category, opts.path_kind
+        rec.phase = p.phase
         if p.input_tokens is not None:
             rec.prompt_tokens, rec.prompt_tokens_exact = p.input_tokens, p.exact
         await stream_request(pool, raws[i % len(raws)], rec, opts.path_kind, opts.timeout_s, reader)

@@ -38,7 +38,8 @@ Counter = Callable[[list[str]], Awaitable[list[int] | None]]
 @dataclass(frozen=True)
 class Prompt:
     """One prompt as sent: its text (completions; what is counted), its chat messages where it has them,
-    its category, its own output length (under the workload's output_len) and its arrival in a trace."""
+    its category, its own output length (under the workload's output_len), its arrival in a trace and its
+    phase of a workload whose traffic shifts (0, 1, 2, ...: which turn of the phases it was sent in)."""
 
     text: str
     input_tokens: int | None
@@ -47,16 +48,17 @@ class Prompt:
     category: str | None = None
     max_tokens: int | None = None
     arrival_s: float | None = None
+    phase: int | None = None
 
     def to_wire(self) -> list[Any]:
         return [self.text, self.input_tokens, self.exact, [list(m) for m in self.messages or ()] or None,
-                self.category, self.max_tokens, self.arrival_s]
+                self.category, self.max_tokens, self.arrival_s, self.phase]
 
     @classmethod
     def from_wire(cls, wire: list[Any]) -> Prompt:
-        text, n, exact, messages, category, max_tokens, arrival = wire
+        text, n, exact, messages, category, max_tokens, arrival, *rest = wire  # a client of before phases sends 7
         return cls(text, n, exact, tuple((r, c) for r, c in messages) if messages else None, category, max_tokens,
-                   arrival)
+                   arrival, rest[0] if rest else None)
 
 
 @dataclass(frozen=True)
@@ -160,9 +162,13 @@ async def _from_items(items: list[datasets.Item], config: WorkloadConfig, count:
     """``count`` of the set's prompts in a seeded order that takes its categories in turn (cycling), counted; a
     ShareGPT answer's length becomes its prompt's output length (counted alike). A trace (arrival_s on every
     line) keeps its order."""
-    if items[0].arrival_s is None:
-        items = _interleaved(items, config.seed)
-    chosen = [items[i % len(items)] for i in range(count)]
+    phases: list[int | None] = [None] * count
+    if config.phases:
+        chosen, phases = _in_phases(items, config.phases, config.phase_requests, config.seed, count)
+    else:
+        if items[0].arrival_s is None:
+            items = _interleaved(items, config.seed)
+        chosen = [items[i % len(items)] for i in range(count)]
     texts = [i.text for i in chosen]
     answers = [i.answer for i in chosen if i.answer is not None]
     counts = await tokenizer.count(texts + answers) if tokenizer and chosen else None
@@ -171,8 +177,37 @@ async def _from_items(items: list[datasets.Item], config: WorkloadConfig, count:
         counts = [round(len(t.split()) * TOKENS_PER_WORD) for t in texts + answers]
     answer_len = iter(counts[len(texts):])
     return [Prompt(i.text, n, exact, i.messages, i.category,
-                   max(1, next(answer_len)) if i.answer is not None else i.max_tokens, i.arrival_s)
-            for i, n in zip(chosen, counts, strict=False)]
+                   max(1, next(answer_len)) if i.answer is not None else i.max_tokens, i.arrival_s, phase)
+            for i, n, phase in zip(chosen, counts, phases, strict=False)]
+
+
+def _in_phases(items: list[datasets.Item], phases: list[str], per_phase: int, seed: int,
+               count: int) -> tuple[list[datasets.Item], list[int | None]]:
+    """``count`` prompts in phases: ``per_phase`` of the first category, then of the next, cycling through the
+    categories (each category's prompts in a seeded order, cycling when it holds fewer). Returns the prompts
+    and each one's phase number. A category the set does not hold is refused, naming the ones it does."""
+    rng = random.Random(seed)
+    groups: dict[str, list[datasets.Item]] = {}
+    for item in items:
+        if item.category is not None:
+            groups.setdefault(item.category, []).append(item)
+    missing = [c for c in phases if c not in groups]
+    if missing:
+        raise ConfigError(f"workload.phases names {missing}, which the prompt set does not hold: choose among its "
+                          f"categories {sorted(groups)}")
+    for group in groups.values():
+        rng.shuffle(group)
+    taken = dict.fromkeys(groups, 0)
+    chosen: list[datasets.Item] = []
+    numbers: list[int | None] = []
+    for i in range(count):
+        phase = i // per_phase
+        category = phases[phase % len(phases)]
+        group = groups[category]
+        chosen.append(group[taken[category] % len(group)])
+        taken[category] += 1
+        numbers.append(phase)
+    return chosen, numbers
 
 
 def _interleaved(items: list[datasets.Item], seed: int) -> list[datasets.Item]:

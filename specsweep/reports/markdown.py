@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from specsweep import engines
 from specsweep.analysis.compare import Comparison
@@ -13,6 +15,7 @@ from specsweep.analysis.tuning import Tuning
 from specsweep.analysis.verify import Verification
 from specsweep.engines import PerBatchSetting
 from specsweep.engines.base import MAX_BATCH
+from specsweep.records import BlockRow
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -99,12 +102,124 @@ def comparison_markdown(comp: Comparison) -> str:
         "### Projected throughput",
         policies,
     ]
+    if comp.speculation is not None and comp.speculation.lossy_verifier:
+        parts.insert(1, f"**Lossy verifier ({comp.speculation.lossy_verifier})**: the speculative configuration does not "
+                        "keep the target model's outputs; its speed is not that of lossless speculation.")
     parts += traffic_markdown(comp.traffic)
     parts += slo_markdown(comp.slo)
     parts += verification_markdown(comp.verification)
     if comp.notes:
         parts.append("### Notes\n" + "\n".join(f"- {n}" for n in comp.notes))
     return "\n\n".join(parts)
+
+
+def _median(rows: Sequence[BlockRow], name: str) -> float | None:
+    values = [v for r in rows if (v := getattr(r, name)) is not None]
+    return statistics.median(values) if values else None
+
+
+def energy_levels(baseline: Sequence[BlockRow], speculative: Sequence[BlockRow]) -> list[dict[str, float | int | None]]:
+    """Per concurrency level, the GPU energy of each configuration (median over the blocks that count): joules
+    per output token, the speculative one's per accepted draft token, and the mean power. Empty where no block
+    had power readings."""
+    def counted(rows: Sequence[BlockRow], c: int) -> list[BlockRow]:
+        return [r for r in rows if r.concurrency == c and r.disturbed is None]
+
+    levels = sorted({r.concurrency for r in [*baseline, *speculative] if r.concurrency is not None})
+    out: list[dict[str, float | int | None]] = []
+    for c in levels:
+        b, sp = counted(baseline, c), counted(speculative, c)
+        row: dict[str, float | int | None] = {
+            "concurrency": c,
+            "baseline_j_per_token": _median(b, "joules_per_output_token"),
+            "speculative_j_per_token": _median(sp, "joules_per_output_token"),
+            "speculative_j_per_accepted_token": _median(sp, "joules_per_accepted_token"),
+            "baseline_power_w": _median(b, "gpu_power_mean_w"),
+            "speculative_power_w": _median(sp, "gpu_power_mean_w"),
+        }
+        if row["baseline_j_per_token"] is not None or row["speculative_j_per_token"] is not None:
+            out.append(row)
+    return out
+
+
+def energy_markdown(levels: Sequence[dict[str, float | int | None]]) -> list[str]:
+    """The energy table of a comparison's report (nothing where no level had power readings)."""
+    if not levels:
+        return []
+    rows = []
+    for lv in levels:
+        b, sp = lv["baseline_j_per_token"], lv["speculative_j_per_token"]
+        ratio = f"{sp / b:.2f}" if isinstance(b, float) and isinstance(sp, float) and b > 0 else "-"
+        rows.append([str(lv["concurrency"]), _f(b, 3), _f(sp, 3), ratio, _f(lv["speculative_j_per_accepted_token"], 3),
+                     f"{_f(lv['baseline_power_w'])} / {_f(lv['speculative_power_w'])}"])
+    return ["### Energy (GPU)",
+            markdown_table(["concurrency", "baseline J/token", "speculative J/token", "speculative / baseline",
+                            "spec. J/accepted draft token", "mean power W b/s"], rows),
+            "Energy: the server's GPUs' power as nvidia-smi sampled it while each block ran (their sum, mean over "
+            "the readings) times the block's measured span, per output token; median over the blocks that count. "
+            "Per accepted draft token: the same energy over the drafts the target accepted. Sampled power, not "
+            "metered energy: readings a second apart miss short peaks."]
+
+
+#: The request columns the phases table reads.
+PHASE_COLUMNS = ("warmup", "level_value", "repeat", "prompt_index", "phase", "category", "tpot_ms", "spec_draft_tokens",
+                 "spec_verify_ct", "spec_accept_length", "output_tokens", "error_type")
+
+
+Request = Mapping[str, Any]
+
+
+def _drafts_per_step(rows: Sequence[Request]) -> float | None:
+    pairs = [(int(r["spec_draft_tokens"]), int(r["spec_verify_ct"])) for r in rows
+             if r.get("spec_draft_tokens") is not None and r.get("spec_verify_ct") is not None]
+    steps = sum(v for _, v in pairs)
+    return sum(d for d, _ in pairs) / steps if steps else None
+
+
+def _accept_length(r: Request) -> float | None:
+    """A request's accept length: the engine's own, else its output tokens per verify step."""
+    if isinstance(x := r.get("spec_accept_length"), (int, float)) and x == x:  # not NaN
+        return float(x)
+    steps, out = r.get("spec_verify_ct"), r.get("output_tokens")
+    return float(out) / float(steps) if steps and out else None
+
+
+def phases_markdown(baseline: Sequence[Request], speculative: Sequence[Request]) -> list[str]:
+    """Traffic that shifts (workload.phases): per level and phase, each configuration's per-request speed and the
+    speculative engine's drafting in the phase's first half and its second (a controller that reacts to the
+    shift changes between them). Nothing where the requests had no phases."""
+    def measured(rows: Sequence[Request]) -> list[Request]:
+        return [r for r in rows if not r.get("warmup") and r.get("phase") is not None and r.get("error_type") is None]
+
+    base, spec = measured(baseline), measured(speculative)
+    if not spec:
+        return []
+    keys = sorted({(float(r["level_value"]), int(r["phase"])) for r in spec})
+    table = []
+    for value, phase in keys:
+        def of(rows: list[Request], value: float = value, phase: int = phase) -> list[Request]:
+            return [r for r in rows if r["level_value"] == value and r["phase"] == phase]
+
+        s_rows = sorted(of(spec), key=lambda r: (r["repeat"], r["prompt_index"]))
+        blocks: dict[Any, list[Request]] = {}
+        for r in s_rows:
+            blocks.setdefault(r["repeat"], []).append(r)
+        # Each block's phase in two halves, in the order its requests were sent.
+        first = [r for rows in blocks.values() for r in rows[:len(rows) // 2]]
+        second = [r for rows in blocks.values() for r in rows[len(rows) // 2:]]
+        tpot = [[float(t) for r in rows if isinstance(t := r.get("tpot_ms"), (int, float))] for rows in (of(base), s_rows)]
+        lengths = [x for r in s_rows if (x := _accept_length(r)) is not None]
+        table.append([f"{value:g}", str(phase), str(s_rows[0].get("category") or "-"), str(len(s_rows)),
+                      _f(statistics.median(tpot[0]), 2) if tpot[0] else "-",
+                      _f(statistics.median(tpot[1]), 2) if tpot[1] else "-",
+                      f"{_f(_drafts_per_step(first), 2)} -> {_f(_drafts_per_step(second), 2)}",
+                      _f(statistics.fmean(lengths), 2) if lengths else "-"])
+    return ["### Traffic that shifts (phases)",
+            markdown_table(["level", "phase", "category", "requests", "baseline TPOT p50 ms", "spec. TPOT p50 ms",
+                            "spec. drafts per step (first half -> second)", "spec. accept length"], table),
+            "Each phase sends one category of prompt, the next another, in turn. Drafts per step in a phase's first "
+            "half against its second: an engine's own controller that reacts to the shift changes its depth between "
+            "them (a fixed setting does not)."]
 
 
 def temperatures_markdown(comparisons: dict[str, Comparison]) -> str:

@@ -50,8 +50,8 @@ def summary_rows(rows: Sequence[BlockRow]) -> list[list[str]]:
         for name, key in SUMMARY_COLUMNS:
             if name == "level":
                 label = r.label + (f" #{r.repeat}" if r.repeat else "")
-                cells.append(label + (" (set aside)" if r.disturbed else " (client-bound)" if r.client_bottleneck else
-                                      " (never reached)" if r.reached_concurrency is False else ""))
+                cells.append(label + (" (set aside)" if r.disturbed else " (never reached)" if r.reached_concurrency
+                                      is False else " (client-bound)" if r.client_bottleneck else ""))
             elif name == "ok/failed":
                 cells.append(f"{r.completed}/{r.failed}")
             else:

@@ -66,6 +66,7 @@ async def measure_level(
                 "prompt_source": workload.source, "endpoint": request.path_kind, "ignore_eos": request.ignore_eos,
                 "cache_reset": reset or ("unique prompts" if workload.source != "synthetic" else None),
                 "temperature": request.temperature, "top_p": request.top_p, **gpu})
+    row = row.model_copy(update=metrics.energy_figures(row, run.records))  # GPU energy from the power sampled
     row = row.model_copy(update={"disturbed": disturbance(run, row.model_dump())})
     job.store.write_level(job.run_id, level.key, row, metrics.request_rows(run))
     return row

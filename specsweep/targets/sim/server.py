@@ -9,9 +9,16 @@ written to the socket, so a client's timing error can be measured against the tr
 
 As SGLang 0.5.23 does: per-request speculation figures (``sglext.spec_tokens_details`` on the
 OpenAI endpoints when asked with ``return_spec_tokens_details``, ``meta_info.spec_verify_ct``
-and ``spec_accept_length`` on ``/generate``); ``--speculative-adaptive`` with
-``--speculative-adaptive-config FILE`` (per-batch candidate steps, 0 = no speculation for that
-batch tier); ``/metrics`` in Prometheus text with ``--enable-metrics``.
+and ``spec_accept_length`` on ``/generate``); ``--speculative-adaptive`` (a model of SGLang's
+documented controller, ``adaptive.py``: tiers of draft steps moved by an average of accepted
+drafts, per batch-size band; its active tier at ``/server_info``
+``internal_states[0].speculative_num_steps``) with ``--speculative-adaptive-config FILE`` in the
+controller's keys, or in the form the tune writes (batch sizes to candidate steps, 0 = no
+speculation for that batch tier); ``/metrics`` in Prometheus text with ``--enable-metrics``.
+
+``--sim-accept-rule REGEX=LENGTH`` gives the requests whose prompt matches REGEX their own accept length
+(at 3 draft steps), so traffic whose acceptance shifts (code, then role-play) gives the controller
+something to react to.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from specsweep.targets.sim.adaptive import Controller, controller_from, is_controller_config
 from specsweep.targets.sim.model import (
     CALIBRATION_STEPS,
     PROFILES,
@@ -93,13 +101,27 @@ class SimRequest:
     rid: str
     max_tokens: int
     queue: asyncio.Queue[tuple[int, int]] = field(default_factory=asyncio.Queue)  # per step: (tokens, drafted)
+    p: float = 0.0  # per-draft acceptance probability of this request
     emitted: int = 0
     verify_ct: int = 0
     cancelled: bool = False
 
 
-#: SGLang's built-in adaptive tiers (batch size -> candidate steps), used without a config file.
-DEFAULT_ADAPTIVE = {1: [1, 3, 5, 7], 8: [0, 1, 3], 32: [0, 1], 64: [0]}
+def read_accept_rule(text: str) -> tuple[re.Pattern[str], float]:
+    """``--sim-accept-rule REGEX=LENGTH``: prompts matching REGEX accept LENGTH tokens per verify step (at 3 steps)."""
+    pattern, sep, length = text.rpartition("=")
+    if not sep or not pattern:
+        raise ValueError(f"--sim-accept-rule {text!r}: give REGEX=LENGTH, e.g. 'def |class '=3.2")
+    try:
+        value = float(length)
+    except ValueError:
+        raise ValueError(f"--sim-accept-rule {text!r}: LENGTH {length!r} is not a number") from None
+    if not 1.0 <= value <= CALIBRATION_STEPS + 1:
+        raise ValueError(f"--sim-accept-rule {text!r}: LENGTH must be between 1 and {CALIBRATION_STEPS + 1}")
+    try:
+        return re.compile(pattern), value
+    except re.error as exc:
+        raise ValueError(f"--sim-accept-rule {text!r}: bad REGEX: {exc}") from None
 
 
 def read_adaptive_config(text: str) -> dict[int, list[int]]:
@@ -128,7 +150,7 @@ class BatchLoop:
     """Continuous batching: one loop steps all running requests together."""
 
     def __init__(self, profile: SimProfile, speculative: bool, max_draft: int, max_running: int, rng: random.Random,
-                 tiers: dict[int, list[int]] | None = None) -> None:
+                 tiers: dict[int, list[int]] | None = None, controller: Controller | None = None) -> None:
         self.profile = profile
         self.speculative = speculative
         self.max_draft = max_draft
@@ -136,6 +158,7 @@ class BatchLoop:
         self.rng = rng
         self.p = acceptance_probability(profile.accept_length, CALIBRATION_STEPS) if speculative else 0.0
         self.tiers = sorted(tiers.items()) if tiers else None
+        self.controller = controller
         self._steps_by_batch: dict[int, int] = {}
         self.running: list[SimRequest] = []
         self.waiting: collections.deque[SimRequest] = collections.deque()
@@ -153,6 +176,8 @@ class BatchLoop:
         gives the most tokens per second at this batch, as SGLang's adaptive controller aims to."""
         if not self.speculative:
             return 0
+        if self.controller is not None:
+            return self.controller.steps_for(b)
         if not self.tiers:
             return self.max_draft
         if b not in self._steps_by_batch:
@@ -195,8 +220,10 @@ class BatchLoop:
             if self.hung:
                 continue
             done = []
+            accepted = 0
             for r in self.running:
-                k = sample_accepted(self.rng, self.p, steps) if steps else 1
+                k = sample_accepted(self.rng, r.p, steps) if steps else 1
+                accepted += k - 1  # before the cut at max_tokens: what the verify step accepted
                 k = min(k, r.max_tokens - r.emitted)
                 r.emitted += k
                 r.verify_ct += 1
@@ -207,8 +234,14 @@ class BatchLoop:
                 r.queue.put_nowait((k, steps))
                 if r.emitted >= r.max_tokens:
                     done.append(r)
+            if self.controller is not None:
+                self.controller.observe(b, steps, accepted / b)
             if done:
                 self.running = [r for r in self.running if r.emitted < r.max_tokens]
+
+
+#: Parsed arguments /server_info leaves out (a secret, and objects built from other arguments).
+_NOT_SHOWN = frozenset({"api_key", "adaptive_tiers", "adaptive_controller", "accept_rules"})
 
 
 class SimServer:
@@ -220,7 +253,9 @@ class SimServer:
         self.max_draft = args.speculative_num_steps if self.speculative else 0
         self.rng = random.Random(args.seed)
         max_running = args.max_running_requests or self.profile.max_running_requests
-        self.engine = BatchLoop(self.profile, self.speculative, self.max_draft, max_running, self.rng, args.adaptive_tiers)
+        self.engine = BatchLoop(self.profile, self.speculative, self.max_draft, max_running, self.rng, args.adaptive_tiers,
+                                args.adaptive_controller)
+        self.accept_rules = [(rx, acceptance_probability(length, CALIBRATION_STEPS)) for rx, length in args.accept_rules]
         self.prompt_tokens_total = 0
         # A prefix cache as far as the benchmark can see it: a prompt seen since the last flush is a hit.
         self.cached: set[int] = set()
@@ -287,7 +322,14 @@ class SimServer:
 
     # -- token production ---------------------------------------------------------------------
 
-    async def _tokens(self, n: int) -> AsyncIterator[tuple[int, int]]:
+    def _acceptance(self, prompt: str) -> float:
+        """The per-draft acceptance of a request: the first --sim-accept-rule its prompt matches, else the profile's."""
+        for rx, p in self.accept_rules:
+            if rx.search(prompt):
+                return p
+        return self.engine.p
+
+    async def _tokens(self, n: int, prompt: str = "") -> AsyncIterator[tuple[int, int]]:
         """Yield (k, d) per engine step until n tokens have been produced: k tokens emitted, d draft tokens
         proposed for it (0 without speculation)."""
         if self.profile.direct:
@@ -300,7 +342,7 @@ class SimServer:
                         await asyncio.sleep(delay)
                 yield 1, 0
             return
-        req = SimRequest(self._new_id(), n)
+        req = SimRequest(self._new_id(), n, p=self._acceptance(prompt) if self.speculative else 0.0)
         self.engine.submit(req)
         try:
             got = 0
@@ -325,7 +367,7 @@ class SimServer:
 
     async def server_info(self, request: web.Request) -> web.Response:
         args = {k: v for k, v in vars(self.args).items()
-                if not k.startswith(("fault_", "sim_")) and k not in ("api_key", "adaptive_tiers")}
+                if not k.startswith(("fault_", "sim_")) and k not in _NOT_SHOWN}
         return web.json_response({
             **args,
             "version": VERSION,
@@ -335,6 +377,10 @@ class SimServer:
                 # Cumulative since start, as SGLang's is: take differences around a level.
                 "avg_spec_accept_length": self.engine.avg_accept_length if self.speculative else None,
                 "last_gen_throughput": 0.0,
+                # The adaptive controller's active tier (the draft steps of its last verify step); the fixed steps
+                # without it, 0 without speculation.
+                "speculative_num_steps": (self.engine.controller.active_steps or self.engine.steps_for(1)
+                                          if self.engine.controller is not None else self.max_draft),
             }],
         })
 
@@ -426,7 +472,7 @@ class SimServer:
         obj = "chat.completion.chunk" if chat else "text_completion"
         if not body.get("stream"):
             produced, text, steps = 0, "", 0
-            async for k, _ in self._tokens(max_tokens):
+            async for k, _ in self._tokens(max_tokens, prompt):
                 text += self._text(k, produced, prompt)
                 produced += k
                 steps += 1
@@ -459,7 +505,7 @@ class SimServer:
             return resp
         want_spec = bool(body.get("return_spec_tokens_details")) and self.speculative
         steps = drafted = 0
-        async for k, d in self._tokens(max_tokens):
+        async for k, d in self._tokens(max_tokens, prompt):
             text = self._text(k, produced, prompt)
             produced += k
             steps += 1
@@ -553,7 +599,7 @@ class SimServer:
             return m
 
         if not body.get("stream"):
-            async for k, _ in self._tokens(max_tokens):
+            async for k, _ in self._tokens(max_tokens, str(body.get("text", ""))):
                 text += self._text(k, produced, str(body.get("text", "")))
                 produced += k
                 steps += 1
@@ -562,7 +608,7 @@ class SimServer:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         times = self._times(rid)
-        async for k, _ in self._tokens(max_tokens):
+        async for k, _ in self._tokens(max_tokens, str(body.get("text", ""))):
             text += self._text(k, produced, str(body.get("text", "")))
             produced += k
             steps += 1
@@ -587,9 +633,15 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     ap.add_argument("--speculative-num-draft-tokens", type=int, default=None)
     ap.add_argument("--max-running-requests", type=int, default=None)
     ap.add_argument("--speculative-adaptive", action="store_true",
-                    help="choose the draft steps per batch size (EAGLE/EAGLE3 with --speculative-eagle-topk 1)")
+                    help="a MODEL of SGLang's documented adaptive controller (not evidence about SGLang): tiers of "
+                         "draft steps moved by an average of accepted drafts, per batch-size band (EAGLE/EAGLE3 with "
+                         "--speculative-eagle-topk 1)")
     ap.add_argument("--speculative-adaptive-config", default=None, metavar="FILE",
-                    help='JSON: {"1": {"candidate_steps": [3]}, "8": {"candidate_steps": [0]}} (0 = no speculation)')
+                    help='JSON, the controller\'s keys: {"candidate_steps": [1, 3, 7], "ema_alpha": 0.2, '
+                         '"update_interval": 5, "warmup_batches": 10, "down_hysteresis": -0.25, "up_hysteresis": 0.0, '
+                         '"batch_size_bands": [[1, 64, [1, 3, 7]], [64, null, [1, 2, 5]]]}; or a table by batch '
+                         'size as the tune writes it: {"1": {"candidate_steps": [3]}, "8": {"candidate_steps": [0]}} '
+                         '(0 = no speculation)')
     ap.add_argument("--enable-metrics", action="store_true", help="serve Prometheus metrics at /metrics")
     ap.add_argument("--api-key", default=None)
     ap.add_argument("--ssl-keyfile", default=None, help="serve TLS with this key (as SGLang and vLLM do)")
@@ -611,6 +663,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                     help="the first N generations after the start are slow: the first waits --sim-cold-ttft-s "
                     "before its first token, the next ones less and less")
     ap.add_argument("--sim-cold-ttft-s", type=float, default=0.2)
+    ap.add_argument("--sim-accept-rule", action="append", default=[], metavar="REGEX=LENGTH",
+                    help="requests whose prompt matches REGEX accept LENGTH tokens per verify step at 3 draft steps "
+                         "(the first rule that matches; the profile's figure otherwise): traffic whose acceptance "
+                         "shifts by phase")
     ap.add_argument("--fault-stall-s", type=float, default=0.0, help="pause every stream this long half-way")
     ap.add_argument("--fault-trickle-s", type=float, default=0.0, metavar="S",
                     help="send streams one byte at a time, S seconds apart: every read gets data quickly, "
@@ -632,18 +688,25 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         None, args.speculative_num_steps + 1
     ):
         ap.error("with --speculative-eagle-topk 1, --speculative-num-draft-tokens must be --speculative-num-steps + 1")
-    args.adaptive_tiers = None
+    args.adaptive_tiers = args.adaptive_controller = None
+    try:
+        args.accept_rules = [read_accept_rule(rule) for rule in args.sim_accept_rule]
+    except ValueError as exc:
+        ap.error(str(exc))
     if args.speculative_adaptive:
         if args.speculative_algorithm not in ("EAGLE", "EAGLE3") or args.speculative_eagle_topk != 1:
             ap.error("--speculative-adaptive needs --speculative-algorithm EAGLE or EAGLE3 with --speculative-eagle-topk 1")
-        if args.speculative_adaptive_config:
-            try:
+        try:
+            text = "{}"
+            if args.speculative_adaptive_config:
                 with open(args.speculative_adaptive_config, encoding="utf-8") as f:
-                    args.adaptive_tiers = read_adaptive_config(f.read())
-            except (OSError, ValueError) as exc:  # JSONDecodeError is a ValueError
-                ap.error(f"--speculative-adaptive-config {args.speculative_adaptive_config}: {exc}")
-        else:
-            args.adaptive_tiers = dict(DEFAULT_ADAPTIVE)
+                    text = f.read()
+            if text == "{}" or is_controller_config(text):
+                args.adaptive_controller = controller_from(json.loads(text), args.speculative_num_steps)
+            else:
+                args.adaptive_tiers = read_adaptive_config(text)
+        except (OSError, ValueError) as exc:  # JSONDecodeError is a ValueError
+            ap.error(f"--speculative-adaptive-config {args.speculative_adaptive_config}: {exc}")
     return args, unknown
 
 
@@ -651,6 +714,9 @@ async def serve(args: argparse.Namespace, ignored: list[str]) -> None:
     sim = SimServer(args, ignored)
     log.info("specsweep sim %s: profile %s (%s), speculation %s, max running requests %d",
              VERSION, sim.profile.name, sim.profile.description, args.speculative_algorithm or "off", sim.engine.max_running)
+    if args.adaptive_controller:
+        log.info("adaptive speculation (a model of SGLang's documented controller): bands %s",
+                 ", ".join(f"[{b.lo}, {b.hi}): {b.steps}" for b in args.adaptive_controller.bands))
     if args.adaptive_tiers:
         log.info("adaptive speculation: candidate steps by batch size %s",
                  ", ".join(f"{b}+: {steps}" for b, steps in sorted(args.adaptive_tiers.items())))
