@@ -1,30 +1,49 @@
-"""When a comparison has measured a level enough: the decision settings and the rules that ask
-for another block.
+"""When a comparison has measured a level enough: the decision settings, the error control of the answer as
+a whole, and the rules that ask for another block.
 
-A comparison measures each level in blocks (``sweep.num_requests`` requests each) until the
-level's verdict (``specsweep.analysis.stats``) is decided or its budget is spent:
+Error control. The answer as a whole (the setting and its bound, every level's verdict, every category's) is
+wrong with probability at most ``alpha``: every interval it rests on is held at a confidence such that all of
+them hold together (Bonferroni). ``LEVELS_SHARE`` of alpha goes to the levels' intervals, the rest to the
+per-category ones; each share is split evenly over the levels (and categories), and over the looks a level
+gets as rounds are added: a level may stop after any round from ``min_blocks`` to its budget, so each of
+those rounds is a look, except the rounds too few for a bounded interval (an unbounded interval cannot miss).
 
-- alternate design: baseline and speculative blocks taken in turn (ABBA order), paired; the
-  level stops once the paired verdict is decided (after ``min_blocks`` pairs at least);
+A comparison measures each level in blocks (``sweep.num_requests`` requests each) until the level is settled
+for the setting: its interval shows that one of the two fixed policies costs at most the margin there
+(speculation: low >= 1 - margin; baseline: high <= 1 / (1 - margin)), so that the least worst-case loss
+(``specsweep.analysis.recommend``) can come within the margin; or until its budget is spent:
+
+- alternate design: baseline and speculative blocks taken in turn (ABBA order), paired;
 - sequential design: all baseline levels first, each until its own throughput is known to
-  ±margin/2, then the speculative levels, each until its verdict against the baseline's
-  blocks is decided.
+  ±margin/2, then the speculative levels, each until it is settled against the baseline's blocks.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from specsweep.analysis.slo import SLO
-from specsweep.analysis.stats import RatioInterval, Verdict, ratio_interval, simultaneous_confidence, t_quantile, verdict
+from specsweep.analysis.stats import (
+    RatioInterval,
+    Verdict,
+    min_rounds,
+    ratio_interval,
+    t_quantile,
+    verdict,
+)
 from specsweep.records import LevelRow
 
 Design = Literal["sequential", "alternate"]
 Alternation = Literal["side-by-side", "restart"]
+
+#: The share of alpha the levels' intervals get; the per-category intervals share the rest.
+LEVELS_SHARE = 0.8
 
 
 class DecisionConfig(BaseModel):
@@ -32,14 +51,18 @@ class DecisionConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    margin: float = Field(0.03, gt=0, lt=0.5, description="Ratios within ±margin count as equivalent (0.03: ±3 %).")
-    confidence: float = Field(0.95, ge=0.5, lt=1, description="Confidence of each level's interval (held over all "
-                              "the looks the budget allows).")
+    margin: float = Field(0.05, gt=0, lt=0.5, description="The loss a setting may carry and still be decided "
+                          "(0.05: it gives up at most 5 % of the better fixed policy's throughput at any level, "
+                          "worst case); ratios within ±margin count as equivalent.")
+    alpha: float = Field(0.05, gt=0, le=0.5, description="The error rate of the answer as a whole: the setting's "
+                         "bound and every verdict hold together with probability at least 1 - alpha (over levels, "
+                         "looks and categories).")
     min_blocks: int = Field(4, ge=2, le=100, description="Blocks per configuration at least, before a level may stop "
                             "(with fewer, the interval of a level is wide: few degrees of freedom).")
     max_requests_per_level: int = Field(
-        96, ge=2, le=1_000_000,
-        description="Budget: measured requests per configuration at one level (blocks of sweep.num_requests).")
+        384, ge=2, le=1_000_000,
+        description="Budget: measured requests per configuration at one level (blocks of sweep.num_requests). The "
+        "distribution-free intervals need rounds: at 4 levels and alpha 0.05, 9 rounds or more bound one at all.")
     max_seconds_per_level: float = Field(
         120.0, gt=0, le=24 * 3600, description="Budget: seconds of measured load per level, both configurations.")
     design: Design = Field(
@@ -55,12 +78,42 @@ class DecisionConfig(BaseModel):
         False, description="After a decided answer, start the engine with the recommended per-batch setting and "
         "measure it at the same levels in turn with always-on and always-off (specsweep.analysis.verify).")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _old_confidence(cls, data: object) -> object:
+        """Decision settings stored before alpha replaced confidence (runs in a results store) still read."""
+        if isinstance(data, dict) and "confidence" in data:
+            data = dict(data)
+            data.setdefault("alpha", round(1.0 - float(data.pop("confidence")), 6))
+        return data
+
     def max_blocks(self, num_requests: int) -> int:
         return max(self.min_blocks, self.max_requests_per_level // max(1, num_requests))
 
+    def interval_confidence(self, num_requests: int, levels: int = 1, categories: int = 0,
+                            paired: bool = True) -> float:
+        """The confidence of each interval, so that all of them hold together at 1 - alpha (module docstring):
+        ``levels`` levels (``categories`` categories at each, for a category's interval; 0: a level's own)."""
+        return _interval_confidence(self.alpha, self.min_blocks, self.max_blocks(num_requests), max(1, levels),
+                                    categories, paired)
+
     def look_confidence(self, num_requests: int) -> float:
-        """The confidence of each look at a level (Bonferroni over the looks its budget allows)."""
-        return simultaneous_confidence(self.confidence, self.max_blocks(num_requests) - self.min_blocks + 1)
+        """The confidence of one level's interval, alone (the verify stage's)."""
+        return self.interval_confidence(num_requests)
+
+
+@functools.lru_cache(maxsize=4096)
+def _interval_confidence(alpha: float, min_blocks: int, top: int, levels: int, categories: int, paired: bool) -> float:
+    share = alpha * (LEVELS_SHARE if categories == 0 else (1.0 - LEVELS_SHARE) / categories)
+    each = share / levels
+    every = top - min_blocks + 1
+    if not paired:
+        return 1.0 - each / every
+    # The fewest looks L such that the rounds able to give a bounded interval at that confidence are L at most.
+    for looks in range(1, every + 1):
+        if top - max(min_blocks, min_rounds(1.0 - each / looks)) + 1 <= looks:
+            return 1.0 - each / looks
+    return 1.0 - each / every
 
 
 def throughputs(rows: Sequence[LevelRow]) -> list[float]:
@@ -69,10 +122,24 @@ def throughputs(rows: Sequence[LevelRow]) -> list[float]:
 
 
 def level_verdict(base: Sequence[LevelRow], spec: Sequence[LevelRow], config: DecisionConfig, *, paired: bool,
-                  num_requests: int) -> tuple[RatioInterval, Verdict]:
+                  num_requests: int, levels: int = 1) -> tuple[RatioInterval, Verdict]:
+    """A level's interval (at the confidence that holds over ``levels`` levels and their looks) and verdict."""
     interval = ratio_interval(throughputs(base), throughputs(spec), paired=paired,
-                              confidence=config.look_confidence(num_requests))
+                              confidence=config.interval_confidence(num_requests, levels, paired=paired))
     return interval, verdict(interval, config.margin)
+
+
+def losses(interval: RatioInterval) -> tuple[float, float]:
+    """The throughput each fixed policy may give up at a level against the better one, worst case over the
+    interval: (speculation on: 1 - low; off: 1 - 1/high), 0 at best; infinite where the interval is unbounded."""
+    if interval.low is None or interval.high is None:
+        return math.inf, math.inf
+    return max(0.0, 1.0 - interval.low), max(0.0, 1.0 - 1.0 / interval.high)
+
+
+def settled(interval: RatioInterval, margin: float) -> bool:
+    """One of the two fixed policies costs at most ``margin`` at this level, worst case."""
+    return min(losses(interval)) <= margin
 
 
 def budget_spent(rows: Sequence[LevelRow], config: DecisionConfig, num_requests: int, blocks: int) -> bool:
@@ -84,24 +151,21 @@ HOPELESS = 2.0
 
 
 def blocks_needed(interval: RatioInterval, margin: float, *, most: int = 1000) -> float:
-    """Blocks the level needs to be decided, from the noise of the blocks so far: with N blocks the interval's
-    half-width is t(N - 1) times a standard error that shrinks as one over the square root of N, and it must
-    come within the distance from the ratio to the nearest edge a verdict needs (1, to show a gain; 1 +
-    margin, to rule one out). Infinity past ``most``."""
-    half = interval.half_width
+    """Rounds (blocks of each configuration) in all that the level needs to be settled, from the spread of its
+    rounds so far: the median's distribution-free interval is about z x 1.25 x spread / sqrt(rounds) wide each
+    way (z: the normal quantile of its confidence; 1.25: the median's cost against the mean under normal noise),
+    and it must come within |log ratio| - log(1 - margin) (then one fixed policy's worst-case loss is within
+    the margin). At least the rounds that bound it at all. Infinity past ``most``."""
     n = min(interval.blocks)
-    if half is None or n < 2:
-        return float("inf")
-    centre, top = math.log(interval.ratio), math.log1p(margin)
-    distance = max(centre, top - centre) if centre < top else centre
-    if distance <= 1e-9:
-        return float("inf")
-    q = (1 + interval.confidence) / 2
-    se_one = half / t_quantile(q, n - 1) * math.sqrt(n)  # the standard error of a single block
-    for blocks in range(n, most + 1):
-        if t_quantile(q, blocks - 1) * se_one / math.sqrt(blocks) < distance:
-            return float(blocks)
-    return float("inf")
+    if interval.low is not None and interval.high is not None and settled(interval, margin):
+        return float(n)
+    floor = float(max(n + 1, min_rounds(interval.confidence)))
+    if interval.spread is None:
+        return floor
+    need = abs(math.log(interval.ratio)) - math.log1p(-margin)
+    z = statistics.NormalDist().inv_cdf(1.0 - (1.0 - interval.confidence) / 2.0)
+    blocks = max(floor, math.ceil((z * 1.2533 * interval.spread / need) ** 2))
+    return float(blocks) if blocks <= most else float("inf")
 
 
 def _hopeful(interval: RatioInterval, config: DecisionConfig, num_requests: int) -> bool:
@@ -117,8 +181,8 @@ MoreForPair = Callable[[list[LevelRow], list[LevelRow]], bool]
 More = Callable[[list[LevelRow]], bool]
 
 
-def pair_needs_more(config: DecisionConfig, num_requests: int) -> MoreForPair:
-    """Alternate design: another pair of blocks at this level?"""
+def pair_needs_more(config: DecisionConfig, num_requests: int, levels: int = 1) -> MoreForPair:
+    """Alternate design: another pair of blocks at this level (one of ``levels``)? Until it is settled."""
 
     def more(base: list[LevelRow], spec: list[LevelRow]) -> bool:
         n = min(len(base), len(spec))
@@ -126,8 +190,8 @@ def pair_needs_more(config: DecisionConfig, num_requests: int) -> MoreForPair:
             return True
         if budget_spent([*base, *spec], config, num_requests, n):
             return False
-        interval, v = level_verdict(base, spec, config, paired=True, num_requests=num_requests)
-        return v == "undetermined" and _hopeful(interval, config, num_requests)
+        interval, _ = level_verdict(base, spec, config, paired=True, num_requests=num_requests, levels=levels)
+        return not settled(interval, config.margin) and _hopeful(interval, config, num_requests)
 
     return more
 
@@ -145,14 +209,14 @@ def baseline_needs_more(config: DecisionConfig, num_requests: int) -> More:
         logs = [math.log(x) for x in throughputs(rows)]
         mean = sum(logs) / len(logs)
         sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1))
-        q = (1 + config.look_confidence(num_requests)) / 2
+        q = (1 + config.interval_confidence(num_requests, paired=False)) / 2
         return t_quantile(q, len(logs) - 1) * sd / math.sqrt(len(logs)) > config.margin / 2
 
     return more
 
 
-def speculative_needs_more(config: DecisionConfig, num_requests: int, base: list[LevelRow]) -> More:
-    """Sequential design, speculative: another block until its verdict against ``base`` is decided."""
+def speculative_needs_more(config: DecisionConfig, num_requests: int, base: list[LevelRow], levels: int = 1) -> More:
+    """Sequential design, speculative: another block until it is settled against ``base``."""
 
     def more(spec: list[LevelRow]) -> bool:
         if len(spec) < config.min_blocks:
@@ -161,7 +225,7 @@ def speculative_needs_more(config: DecisionConfig, num_requests: int, base: list
             return False
         if budget_spent([*base, *spec], config, num_requests, len(spec)):
             return False
-        interval, v = level_verdict(base, spec, config, paired=False, num_requests=num_requests)
-        return v == "undetermined" and _hopeful(interval, config, num_requests)
+        interval, _ = level_verdict(base, spec, config, paired=False, num_requests=num_requests, levels=levels)
+        return not settled(interval, config.margin) and _hopeful(interval, config, num_requests)
 
     return more

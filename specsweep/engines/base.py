@@ -68,6 +68,9 @@ class PerBatchSetting(BaseModel):
     content: Any = Field(None, description="The file's JSON content.")
     flags: str | None = Field(None, description="The launch flags that load it.")
     notes: tuple[str, ...] = ()
+    status: str | None = Field(None, description="The answer it carries: decided, or best available.")
+    worst_case_loss: float | None = Field(None, description="The answer's bound: the throughput it may give up at "
+                                          "some level against the better fixed policy (None: unbounded).")
 
 
 @dataclass(frozen=True)

@@ -231,7 +231,8 @@ async def test_tune_speculation_on_vllm_gives_a_schedule_vllm_loads(vllm_python:
     open_levels = [c for c in (1, 4) if c not in answered]
     assert answered and set(answered) <= {1, 4}
     if open_levels:
-        assert tuning.recommendation.status == "undetermined" and set(open_levels) <= set(tuning.recommendation.measure_next)
+        assert tuning.recommendation.status == "best available" and set(open_levels) <= set(
+            tuning.recommendation.measure_next)
         assert any(n.startswith("No answer at") for n in tuning.notes), tuning.notes
     assert pids_with_marker(port) == [] and groups.seen and groups.alive() == []
     levels = pd.read_parquet(results / "levels")
