@@ -94,7 +94,7 @@ async def sequential(arms: Sequence[Arm], points: Sequence[Point], decision: Dec
                      stop_at_saturation: bool = False) -> list[list[LevelRow]]:
     """The baseline (``arms[0]``) over every level, each until its throughput is known to ±margin/2; then each
     other arm over the levels the baseline reached, each until it is settled against the baseline."""
-    base_more = baseline_needs_more(decision, num_requests)
+    base_more = baseline_needs_more(decision, num_requests, len(points))
     base_rows = await one(arms[0], points, lambda _p, rows: base_more(rows), stop_at_saturation=stop_at_saturation)
     base = by_level(base_rows)
     reached = [p for p in points if p.index in base]  # the baseline may have stopped at saturation

@@ -3,10 +3,12 @@ a whole, and the rules that ask for another block.
 
 Error control. The answer as a whole (the setting and its bound, every level's verdict, every category's) is
 wrong with probability at most ``alpha``: every interval it rests on is held at a confidence such that all of
-them hold together (Bonferroni). ``LEVELS_SHARE`` of alpha goes to the levels' intervals, the rest to the
-per-category ones; each share is split evenly over the levels (and categories), and over the looks a level
-gets as rounds are added: a level may stop after any round from ``min_blocks`` to its budget, so each of
-those rounds is a look, except the rounds too few for a bounded interval (an unbounded interval cannot miss).
+them hold together. ``LEVELS_SHARE`` of alpha goes to the levels' intervals, the rest to the per-category
+ones; each share is split evenly over the levels (and categories) by Bonferroni. Within a level, a level may
+stop after any round from ``min_blocks`` to its budget, so each of those rounds is a look: the paired
+intervals' per-look confidence is set so that all the looks hold together, exactly
+(``stats.sequential_confidence``: the rounds' signs about the median are fair coin flips whatever the noise);
+the unpaired ones (sequential design) are Bonferroni over the looks.
 
 A comparison measures each level in blocks (``sweep.num_requests`` requests each) until the level is settled
 for the setting: its interval shows that one of the two fixed policies costs at most the margin there
@@ -34,6 +36,7 @@ from specsweep.analysis.stats import (
     Verdict,
     min_rounds,
     ratio_interval,
+    sequential_confidence,
     t_quantile,
     verdict,
 )
@@ -109,11 +112,7 @@ def _interval_confidence(alpha: float, min_blocks: int, top: int, levels: int, c
     every = top - min_blocks + 1
     if not paired:
         return 1.0 - each / every
-    # The fewest looks L such that the rounds able to give a bounded interval at that confidence are L at most.
-    for looks in range(1, every + 1):
-        if top - max(min_blocks, min_rounds(1.0 - each / looks)) + 1 <= looks:
-            return 1.0 - each / looks
-    return 1.0 - each / every
+    return sequential_confidence(each, min_blocks, top)
 
 
 def throughputs(rows: Sequence[LevelRow]) -> list[float]:
@@ -196,11 +195,23 @@ def pair_needs_more(config: DecisionConfig, num_requests: int, levels: int = 1) 
     return more
 
 
-def baseline_needs_more(config: DecisionConfig, num_requests: int) -> More:
-    """Sequential design, baseline: another block until its throughput is known to ±margin/2."""
+def unpaired_floor(config: DecisionConfig, num_requests: int, levels: int) -> int:
+    """Sequential design: the blocks each configuration needs at a level before the unpaired interval can be
+    bounded at all (m against m blocks: 2 / C(2m, m) at most 1 - confidence), within the budget."""
+    tail = 1.0 - config.interval_confidence(num_requests, levels, paired=False)
+    m = 2
+    while 2.0 / math.comb(2 * m, m) > tail:
+        m += 1
+    return min(max(config.min_blocks, m), config.max_blocks(num_requests))
+
+
+def baseline_needs_more(config: DecisionConfig, num_requests: int, levels: int = 1) -> More:
+    """Sequential design, baseline: another block until its throughput is known to ±margin/2, and it has the
+    blocks an unpaired interval needs (``unpaired_floor``)."""
+    floor = unpaired_floor(config, num_requests, levels)
 
     def more(rows: list[LevelRow]) -> bool:
-        if len(rows) < config.min_blocks:
+        if len(rows) < floor:
             return True
         # The speculative blocks get the rest of the level's time budget.
         if budget_spent(rows, config.model_copy(update={"max_seconds_per_level": config.max_seconds_per_level / 2}),
@@ -217,9 +228,10 @@ def baseline_needs_more(config: DecisionConfig, num_requests: int) -> More:
 
 def speculative_needs_more(config: DecisionConfig, num_requests: int, base: list[LevelRow], levels: int = 1) -> More:
     """Sequential design, speculative: another block until it is settled against ``base``."""
+    floor = unpaired_floor(config, num_requests, levels)
 
     def more(spec: list[LevelRow]) -> bool:
-        if len(spec) < config.min_blocks:
+        if len(spec) < floor:
             return True
         if not base:  # the baseline never reached this level: nothing to decide against
             return False

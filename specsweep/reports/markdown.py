@@ -233,8 +233,9 @@ def tuning_markdown(tuning: Tuning) -> str:
                      f"{lv.baseline_tokens_per_s:,.1f}", *cells, lv.best])
     table = markdown_table(["concurrency", "running batch, best point (max)", "baseline tok/s", *labels, "best"], rows)
     rec = tuning.recommendation
-    parts = [f"## Speculation grid on {engines.get(tuning.engine).label}: {', '.join(labels)} vs {tuning.baseline}",
-             f"**{headline(rec)}**",
+    parts = [f"**{headline(rec)}**",
+             f"## Speculation grid on {engines.get(tuning.engine).label}: {', '.join(labels)} vs {tuning.baseline}",
+             status_line(rec, tuning.margin),
              tuning.summary,
              table,
              f"Each cell: the point's throughput / the baseline's, with its interval, and its verdict (±{tuning.margin:.0%}"

@@ -16,6 +16,7 @@ from specsweep.analysis.stats import (
     _mann_whitney_counts,
     min_rounds,
     ratio_interval,
+    sequential_miss,
     sign_depth,
     t_quantile,
     verdict,
@@ -76,11 +77,14 @@ def test_the_order_statistics_by_hand() -> None:
 
 
 def test_the_answer_as_a_whole_spends_alpha_over_levels_and_looks() -> None:
-    # 24 rounds at most: the rounds from 12 on can give a bounded interval at 1 - 0.01/13, 13 looks; the levels'
-    # 80 % of alpha, over 4 levels.
+    # The levels' 80 % of alpha over 4 levels: 1 % each, over the 21 looks from round 4 to 24, exactly.
     config = DecisionConfig(max_requests_per_level=32 * 24)
-    assert config.interval_confidence(32, levels=4) == pytest.approx(1 - 0.05 * 0.8 / 4 / 13)
-    assert min_rounds(config.interval_confidence(32, levels=4)) == 12
+    each = config.interval_confidence(32, levels=4)
+    assert sequential_miss(each, 4, 24) <= 0.01 < sequential_miss(1 - 1.02 * (1 - each), 4, 24)
+    assert 1 - each > 5 * 0.01 / 21  # the looks share their rounds: far less strict than Bonferroni over them
+    assert min_rounds(each) == 9
+    # By hand: at one look the union is the sign test's own two tails (2 / 2^8 at [d(1), d(8)] of 8 rounds).
+    assert sequential_miss(0.99, 8, 8) == pytest.approx(2 / 256)
     # Categories share the rest: 9 of them at 4 levels.
     assert config.interval_confidence(32, levels=4, categories=9) > config.interval_confidence(32, levels=4)
 
