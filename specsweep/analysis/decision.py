@@ -50,7 +50,7 @@ LEVELS_SHARE = 0.8
 
 
 class DecisionConfig(BaseModel):
-    """How a comparison decides each level: the margin, the confidence, the budget, the design."""
+    """How a comparison decides: the margin, the error rate of the answer, the budget, the design."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -61,7 +61,7 @@ class DecisionConfig(BaseModel):
                          "bound and every verdict hold together with probability at least 1 - alpha (over levels, "
                          "looks and categories).")
     min_blocks: int = Field(4, ge=2, le=100, description="Blocks per configuration at least, before a level may stop "
-                            "(with fewer, the interval of a level is wide: few degrees of freedom).")
+                            "(a level's spread is judged from these; its interval needs more to be bounded).")
     max_requests_per_level: int = Field(
         384, ge=2, le=1_000_000,
         description="Budget: measured requests per configuration at one level (blocks of sweep.num_requests). The "
@@ -168,8 +168,8 @@ def blocks_needed(interval: RatioInterval, margin: float, *, most: int = 1000) -
 
 
 def _hopeful(interval: RatioInterval, config: DecisionConfig, num_requests: int) -> bool:
-    """The noise so far says the level can be decided within (a little more than) its budget. Asked only once
-    half the budget is spent: a few blocks' estimate of the noise (and of the ratio) is too rough to give up on."""
+    """The spread so far says the level can be settled within (a little more than) its budget. Asked only once
+    half the budget is spent: a few blocks' estimate of the spread (and of the ratio) is too rough to give up on."""
     budget = config.max_blocks(num_requests)
     if min(interval.blocks) < max(config.min_blocks, budget // 2):
         return True

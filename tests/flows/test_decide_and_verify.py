@@ -20,6 +20,7 @@ from specsweep.errors import ConfigError
 from specsweep.parameters import BenchmarkSettings, LifecycleOptions
 from specsweep.profiles import ServerProfile
 from specsweep.results.store import ResultsStore
+from specsweep.sweep import PAIRED_WITH_DISTURBED
 from tests.conftest import pids_with_marker
 from tests.helpers.sshd import free_port
 
@@ -80,13 +81,19 @@ async def test_a_block_the_engine_stalls_counts_and_the_median_rides_it_out(tmp_
     comp = (await state.result()).comparison
     lv = comp.levels[0]
     levels = pd.read_parquet(results / "levels")
+    # The stalled block (its TTFT p99 the 1.5 s stall) is not set aside for the stall: it counts, unless evidence
+    # independent of the engine set it aside (the loaded machine's client lag in it or in its round's other block).
+    stalled = levels[(levels["config_name"] == "sglang-eagle3") & (levels["ttft_ms_p99"] > 1000)]
+    assert len(stalled), levels[["config_name", "repeat", "ttft_ms_p99"]]
+    independent = ("the client's event loop", PAIRED_WITH_DISTURBED)
+    assert all(pd.isna(d) or str(d).startswith(independent) for d in stalled["disturbed"]), list(stalled["disturbed"])
     assert not levels["disturbed"].fillna("").str.startswith("no token arrived").any()
-    counted = levels[levels["disturbed"].isna() & (levels["config_name"] == "sglang-eagle3")]
-    tps = counted["steady_output_tokens_per_s"].fillna(counted["output_tokens_per_s"])
-    assert tps.min() < 0.8 * tps.median(), list(tps)  # the stalled block (x0.7 here) is among those that count
-    assert lv.verdict == "faster" and lv.ratio_low is not None and lv.ratio_low > 1.0, lv  # the interval stays useful
+    # The interval stays useful: the level is settled (keeping speculation on costs at most the margin, worst case),
+    # which is what the stopping rule asks of it, and the setting is decided.
+    assert lv.ratio > 1.3 and lv.ratio_low is not None and lv.ratio_low >= 1 - comp.margin, (lv.ratio_low, lv.ratio)
     assert len(levels) == sum(lv.blocks) + sum(lv.set_aside)  # nothing lost
-    assert comp.recommendation.speculation_off_from is None and comp.recommendation.decision.startswith("Keep it on.")
+    rec = comp.recommendation
+    assert rec.status == "decided" and rec.speculation_off_from is None and rec.decision.startswith("Keep it on.")
 
 
 # Alone on the machine (scripts/test.sh's second phase): "reaches" needs the three arms' ratio known within the 3 %
