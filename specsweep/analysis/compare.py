@@ -257,9 +257,7 @@ def carrying(setting: PerBatchSetting | None, rec: Recommendation) -> PerBatchSe
     """The engine's setting, stamped with the status and bound of the answer it carries."""
     if setting is None:
         return None
-    said = (f"This setting is {rec.status}: " + rec.decision)
-    return setting.model_copy(update={"status": rec.status, "worst_case_loss": rec.worst_case_loss,
-                                      "notes": (said, *setting.notes)})
+    return setting.model_copy(update={"status": rec.status, "worst_case_loss": rec.worst_case_loss})
 
 
 def compare_runs(store: ResultsStore, baseline_run_id: str, speculative_run_id: str, *,

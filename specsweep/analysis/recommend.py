@@ -123,8 +123,10 @@ def _projection(levels: Sequence[LevelVerdict], t: int) -> float:
 
 
 def pct(x: float) -> str:
-    """A share as people read it: 6 %, 2.5 %, 21 %."""
-    return (f"{x * 100:.0f}" if x >= 0.095 else f"{x * 100:.1f}".removesuffix(".0")) + " %"
+    """A share as people read it (6 %, 2.5 %, 21 %), rounded up: a bound is never shown below itself."""
+    if x * 100 > 9.5:
+        return f"{math.ceil(x * 100 - 1e-9)} %"
+    return f"{math.ceil(x * 1000 - 1e-9) / 10:.1f}".removesuffix(".0") + " %"
 
 
 def _list(cs: Sequence[int]) -> str:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from specsweep import engines
 from specsweep.analysis.compare import Comparison
-from specsweep.analysis.recommend import Recommendation
+from specsweep.analysis.recommend import Recommendation, pct
 from specsweep.analysis.slo import Side, SLOView
 from specsweep.analysis.traffic import CategoryLevel, TrafficView
 from specsweep.analysis.tuning import Tuning
@@ -28,9 +28,9 @@ def headline(rec: Recommendation) -> str:
 
 def status_line(rec: Recommendation, margin: float) -> str:
     """The status and bound in words, under the first line."""
-    bound = f"{rec.worst_case_loss:.1%}" if rec.worst_case_loss is not None else "not bounded"
-    what = ("within the margin" if rec.status == "decided" else
-            f"beyond the {margin:.0%} margin: the best setting the measurements allow, deployable, with its bound")
+    bound = pct(rec.worst_case_loss) if rec.worst_case_loss is not None else "not bounded"
+    what = (f"within the {pct(margin)} margin" if rec.status == "decided" else
+            f"beyond the {pct(margin)} margin: the best setting the measurements allow, deployable, with its bound")
     return f"Status: {rec.status} (worst-case loss {bound} at {rec.worst_case_level}, {what})" \
         + (f"; measure next: {', '.join(map(str, rec.measure_next))}" if rec.measure_next else "") + "."
 
@@ -38,8 +38,9 @@ def status_line(rec: Recommendation, margin: float) -> str:
 def configure_lines(rec: Recommendation, setting: PerBatchSetting | None) -> list[str]:
     """What to give the engine, in words and flags (decided or the best available: it says which)."""
     lines = [] if rec.status == "decided" else [
-        f"Best available, not decided: this setting may give up {rec.worst_case_loss:.1%} at {rec.worst_case_level} "
-        "(worst case); it is still the one with the least worst-case loss." if rec.worst_case_loss is not None else
+        f"Best available, not decided: this setting may give up {pct(rec.worst_case_loss)} at "
+        f"{rec.worst_case_level} (worst case); it is still the one with the least worst-case loss."
+        if rec.worst_case_loss is not None else
         "Best available, not decided: its worst-case loss is not bounded yet (too few rounds somewhere); it is "
         "chosen by the levels that are bounded and the point estimates."]
     if setting is not None and setting.file_name is not None:
