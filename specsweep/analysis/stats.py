@@ -20,7 +20,8 @@ With too few rounds for ``confidence`` (the sign test needs 2 / 2^n <= 1 - confi
 interval is unbounded (``low``/``high`` None): the level is undetermined, and its loss bound
 (``specsweep.analysis.recommend``) is not finite. The confidence of each interval comes from the
 error rate of the answer as a whole (``DecisionConfig.interval_confidence``: Bonferroni over
-levels, looks and categories). The verdict, with margin m (default 5 %):
+levels and categories, and over a level's looks exactly, ``sequential_confidence``). The verdict,
+with margin m (default 5 %):
 
     equivalent    the whole interval inside [1 - m, 1 + m]
     faster        otherwise, the interval above 1: speculation is shown to pay

@@ -139,9 +139,9 @@ def traffic_view(base_frame: Iterable[Mapping[str, Any]], spec_frame: Iterable[M
     every category's answer states its engine setting in, as the level's own answer does. ``confidence``: of
     each interval, or, given the number of categories (the mix as sent among them), the confidence that holds
     them all together with the levels' own answer (``DecisionConfig.interval_confidence``: the categories
-    share part of the comparison's alpha, Bonferroni over categories, levels and looks): a category's answer
-    is under the same error control as the level's. ``unanswered``: the levels with
-    no block counted (``Comparison.unanswered``), open in every category's answer too."""
+    share part of the comparison's alpha, Bonferroni over categories and levels, the looks held together): a
+    category's answer is under the same error control as the level's. ``unanswered``: the levels with no block
+    counted (``Comparison.unanswered``), open in every category's answer too."""
     counted = _counted(base_rows) & _counted(spec_rows)
     base, spec = _measured(base_frame, counted), _measured(spec_frame, counted)
     view = TrafficView(source=next((r.prompt_source for r in spec_rows if r.prompt_source), None))
