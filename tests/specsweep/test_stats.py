@@ -10,12 +10,13 @@ from collections.abc import Callable
 
 import pytest
 
-from specsweep.analysis.decision import DecisionConfig, pair_needs_more
+from specsweep.analysis.decision import DecisionConfig, pair_needs_more, unpaired_floor
 from specsweep.analysis.stats import (
     RatioInterval,
     _mann_whitney_counts,
     min_rounds,
     ratio_interval,
+    sequential_confidence,
     sequential_miss,
     sign_depth,
     t_quantile,
@@ -85,6 +86,27 @@ def test_the_answer_as_a_whole_spends_alpha_over_levels_and_looks() -> None:
     assert min_rounds(each) == 9
     # By hand: at one look the union is the sign test's own two tails (2 / 2^8 at [d(1), d(8)] of 8 rounds).
     assert sequential_miss(0.99, 8, 8) == pytest.approx(2 / 256)
+    # Against fair coin walks drawn here: the looks from 4 to 24 held together at 95 %.
+    per_look = sequential_confidence(0.05, 4, 24)
+    depth = {n: sign_depth(n, per_look) for n in range(4, 25)}
+    rng, walks, missed = random.Random(2), 20_000, 0
+    for _ in range(walks):
+        below = 0
+        for n in range(1, 25):
+            below += rng.random() < 0.5
+            k = depth.get(n)
+            if k and (below < k or below > n - k):
+                missed += 1
+                break
+    assert abs(missed / walks - sequential_miss(per_look, 4, 24)) < 0.005 and sequential_miss(per_look, 4, 24) <= 0.05
+
+
+def test_the_sequential_design_takes_the_blocks_an_unpaired_interval_needs() -> None:
+    # At 2 levels, 6 blocks at most: Mann-Whitney bounds an interval at 99.3 % from 6 against 6 (2 / C(12, 6)), not
+    # from 5 (2 / 252): the baseline and the speculative configuration both take 6 before either may stop.
+    config = DecisionConfig(max_requests_per_level=96)
+    assert unpaired_floor(config, 16, 2) == 6
+    assert unpaired_floor(config.model_copy(update={"max_requests_per_level": 64}), 16, 2) == 4  # the budget caps it
     # Categories share the rest: 9 of them at 4 levels.
     assert config.interval_confidence(32, levels=4, categories=9) > config.interval_confidence(32, levels=4)
 
