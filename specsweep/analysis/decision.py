@@ -40,7 +40,7 @@ from specsweep.analysis.stats import (
     t_quantile,
     verdict,
 )
-from specsweep.records import LevelRow
+from specsweep.records import BlockRow
 
 Design = Literal["sequential", "alternate"]
 Alternation = Literal["side-by-side", "restart"]
@@ -115,12 +115,12 @@ def _interval_confidence(alpha: float, min_blocks: int, top: int, levels: int, c
     return sequential_confidence(each, min_blocks, top)
 
 
-def throughputs(rows: Sequence[LevelRow]) -> list[float]:
+def throughputs(rows: Sequence[BlockRow]) -> list[float]:
     """Steady output tokens/s of each block (a block that produced nothing counts as a tiny positive number)."""
     return [max(r.throughput, 1e-9) for r in rows]
 
 
-def level_verdict(base: Sequence[LevelRow], spec: Sequence[LevelRow], config: DecisionConfig, *, paired: bool,
+def level_verdict(base: Sequence[BlockRow], spec: Sequence[BlockRow], config: DecisionConfig, *, paired: bool,
                   num_requests: int, levels: int = 1) -> tuple[RatioInterval, Verdict]:
     """A level's interval (at the confidence that holds over ``levels`` levels and their looks) and verdict."""
     interval = ratio_interval(throughputs(base), throughputs(spec), paired=paired,
@@ -141,7 +141,7 @@ def settled(interval: RatioInterval, margin: float) -> bool:
     return min(losses(interval)) <= margin
 
 
-def budget_spent(rows: Sequence[LevelRow], config: DecisionConfig, num_requests: int, blocks: int) -> bool:
+def budget_spent(rows: Sequence[BlockRow], config: DecisionConfig, num_requests: int, blocks: int) -> bool:
     return blocks >= config.max_blocks(num_requests) or sum(r.duration_s for r in rows) >= config.max_seconds_per_level
 
 
@@ -176,14 +176,14 @@ def _hopeful(interval: RatioInterval, config: DecisionConfig, num_requests: int)
     return math.isfinite(blocks_needed(interval, config.margin, most=int(HOPELESS * budget)))
 
 
-MoreForPair = Callable[[list[LevelRow], list[LevelRow]], bool]
-More = Callable[[list[LevelRow]], bool]
+MoreForPair = Callable[[list[BlockRow], list[BlockRow]], bool]
+More = Callable[[list[BlockRow]], bool]
 
 
 def pair_needs_more(config: DecisionConfig, num_requests: int, levels: int = 1) -> MoreForPair:
     """Alternate design: another pair of blocks at this level (one of ``levels``)? Until it is settled."""
 
-    def more(base: list[LevelRow], spec: list[LevelRow]) -> bool:
+    def more(base: list[BlockRow], spec: list[BlockRow]) -> bool:
         n = min(len(base), len(spec))
         if n < config.min_blocks:
             return True
@@ -210,7 +210,7 @@ def baseline_needs_more(config: DecisionConfig, num_requests: int, levels: int =
     blocks an unpaired interval needs (``unpaired_floor``)."""
     floor = unpaired_floor(config, num_requests, levels)
 
-    def more(rows: list[LevelRow]) -> bool:
+    def more(rows: list[BlockRow]) -> bool:
         if len(rows) < floor:
             return True
         # The speculative blocks get the rest of the level's time budget.
@@ -226,11 +226,11 @@ def baseline_needs_more(config: DecisionConfig, num_requests: int, levels: int =
     return more
 
 
-def speculative_needs_more(config: DecisionConfig, num_requests: int, base: list[LevelRow], levels: int = 1) -> More:
+def speculative_needs_more(config: DecisionConfig, num_requests: int, base: list[BlockRow], levels: int = 1) -> More:
     """Sequential design, speculative: another block until it is settled against ``base``."""
     floor = unpaired_floor(config, num_requests, levels)
 
-    def more(spec: list[LevelRow]) -> bool:
+    def more(spec: list[BlockRow]) -> bool:
         if len(spec) < floor:
             return True
         if not base:  # the baseline never reached this level: nothing to decide against

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from specsweep.records import LevelRun
+from specsweep.records import BlockRun
 
 #: The client's event loop held up this long at once: the machine, not the server, shaped the block.
 LAG_DISTURBED_MS = 200.0
@@ -38,7 +38,7 @@ def own_cause(reason: str | None) -> str | None:
     return next((kind for kind, start in OWN_CAUSES.items() if reason and start.match(reason)), None)
 
 
-def disturbance(run: LevelRun, figures: dict[str, Any]) -> str | None:
+def disturbance(run: BlockRun, figures: dict[str, Any]) -> str | None:
     """Why the machine, not the server under test, shaped this block; None when nothing did."""
     if figures["failed"]:
         return f"{figures['failed']} request(s) failed ({figures['errors']})"

@@ -30,8 +30,8 @@ from specsweep.analysis.compare import Comparison, compare_levels
 from specsweep.analysis.decision import DecisionConfig, pair_needs_more
 from specsweep.analysis.stats import Verdict
 from specsweep.designs import rotation, run_in_turn
-from specsweep.records import Level, LevelRow, LevelRun
-from specsweep.sweep import Point
+from specsweep.records import Block, BlockRow, BlockRun
+from specsweep.sweep import Level
 from specsweep.sweep.disturbance import disturbance
 
 SHIFT_P, SHIFT = 0.04, 1.6
@@ -83,8 +83,8 @@ def wrong(v: Verdict, r: float, margin: float) -> bool:
             "no gain": r >= 1.0 + margin, "undetermined": False}[v]
 
 
-def _row(name: str, level: Level, throughput: float, disturbed: str | None) -> LevelRow:
-    return LevelRow(config_name=name, level_index=level.index, mode="concurrency", concurrency=int(level.value),
+def _row(name: str, level: Block, throughput: float, disturbed: str | None) -> BlockRow:
+    return BlockRow(config_name=name, level_index=level.index, mode="concurrency", concurrency=int(level.value),
                     repeat=level.repeat, output_tokens_per_s=throughput, completed=NUM_REQUESTS,
                     requests=NUM_REQUESTS, duration_s=NUM_REQUESTS * 100 / throughput, disturbed=disturbed)
 
@@ -96,7 +96,7 @@ class Machine:
         self.rng, self.truth, self.block_sd = rng, truth, noise / math.sqrt(2.0)
         self.shifted: dict[tuple[int, int], float] = {}
 
-    def speed(self, level: Level, arm: int) -> tuple[float, str | None]:
+    def speed(self, level: Block, arm: int) -> tuple[float, str | None]:
         rng = self.rng
         key = (level.index, level.repeat)
         # The shift of a round lands on the block measured second in it.
@@ -112,16 +112,16 @@ class Machine:
         if rng.random() < LAG_P:
             tps *= 1.0 - LAG_COST * rng.random()
             lag_ms = 300.0 + 900.0 * rng.random()
-        why = disturbance(LevelRun(level, [], 0.0, loop_lag_max_ms=lag_ms), {"failed": 0, "errors": None})
+        why = disturbance(BlockRun(level, [], 0.0, loop_lag_max_ms=lag_ms), {"failed": 0, "errors": None})
         return tps, why
 
 
 async def _compare(rng: random.Random, truth: Sequence[float], noise: float, decision: DecisionConfig) -> Comparison:
     machine = Machine(rng, truth, noise)
-    points = [Point(i, "concurrency", 2 ** i) for i in range(len(truth))]
+    points = [Level(i, "concurrency", 2 ** i) for i in range(len(truth))]
 
-    def arm(a: int, name: str) -> Callable[[Level], Awaitable[LevelRow]]:
-        async def measure(level: Level) -> LevelRow:
+    def arm(a: int, name: str) -> Callable[[Block], Awaitable[BlockRow]]:
+        async def measure(level: Block) -> BlockRow:
             tps, why = machine.speed(level, a)
             return _row(name, level, tps, why)
         return measure

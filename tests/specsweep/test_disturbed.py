@@ -15,9 +15,9 @@ from specsweep import metrics
 from specsweep.analysis.decision import DecisionConfig, blocks_needed, pair_needs_more
 from specsweep.analysis.stats import ratio_interval
 from specsweep.designs import run_in_turn
-from specsweep.records import Level, LevelRow, LevelRun, RequestRecord
+from specsweep.records import Block, BlockRow, BlockRun, RequestRecord
 from specsweep.results.store import ResultsStore
-from specsweep.sweep import PAIRED_WITH_DISTURBED, Point, disturbance, repeats, run_levels
+from specsweep.sweep import PAIRED_WITH_DISTURBED, Level, disturbance, repeats, run_levels
 
 
 def request(i: int, sent: float, end: float, tokens: int = 10, ok: bool = True) -> RequestRecord:
@@ -42,8 +42,8 @@ def test_the_steady_window_runs_from_the_full_concurrency_to_the_first_completio
     assert metrics.steady_window(records, 8) is None and metrics.steady_window(records, None) is None
 
 
-def run_of(records: list[RequestRecord], lag_max_ms: float = 1.0) -> tuple[LevelRun, dict[str, object]]:
-    run = LevelRun(Level(index=0, mode="concurrency", value=1), records, 0.0, loop_lag_max_ms=lag_max_ms)
+def run_of(records: list[RequestRecord], lag_max_ms: float = 1.0) -> tuple[BlockRun, dict[str, object]]:
+    run = BlockRun(Block(index=0, mode="concurrency", value=1), records, 0.0, loop_lag_max_ms=lag_max_ms)
     return run, metrics.level_metrics(records, 1)
 
 
@@ -66,8 +66,8 @@ def test_a_stall_of_the_engine_is_its_performance_and_counts() -> None:
     assert "event loop stalled for 1600 ms" in (disturbance.disturbance(*run_of(stalled, lag_max_ms=1600)) or "")
 
 
-def row(throughput: float, repeat: int, disturbed: str | None = None, name: str = "a") -> LevelRow:
-    return LevelRow(config_name=name, level_index=0, mode="concurrency", concurrency=4, repeat=repeat,
+def row(throughput: float, repeat: int, disturbed: str | None = None, name: str = "a") -> BlockRow:
+    return BlockRow(config_name=name, level_index=0, mode="concurrency", concurrency=4, repeat=repeat,
                     output_tokens_per_s=throughput, completed=8, requests=8, duration_s=1.0, disturbed=disturbed)
 
 
@@ -78,19 +78,19 @@ async def test_a_disturbed_block_does_not_count_and_is_measured_again() -> None:
     script = [row(500, 0), row(505, 1), row(9.0, 2, "the client's event loop stalled for 900 ms"), row(498, 3),
               row(240, 4), row(502, 5)]
     seen: list[int] = []
-    stored: list[LevelRow] = []
+    stored: list[BlockRow] = []
 
-    async def measure(level: Level) -> LevelRow:
+    async def measure(level: Block) -> BlockRow:
         return script[level.repeat]
 
-    async def set_aside(r: LevelRow) -> None:
+    async def set_aside(r: BlockRow) -> None:
         stored.append(r)
 
-    def more(_point: Point, rows: list[LevelRow]) -> bool:
+    def more(_point: Level, rows: list[BlockRow]) -> bool:
         seen.append(len(rows))
         return len(rows) < 5
 
-    rows = await run_levels([Point(0, "concurrency", 4)], measure, more=more, set_aside=set_aside)
+    rows = await run_levels([Level(0, "concurrency", 4)], measure, more=more, set_aside=set_aside)
     assert [r.repeat for r in rows] == [0, 1, 2, 3, 4, 5]
     assert [r.disturbed is not None for r in rows] == [False, False, True, False, False, False]
     assert seen == [1, 2, 3, 4, 5]  # the rule saw only the blocks that count, the slow one among them
@@ -100,39 +100,39 @@ async def test_a_disturbed_block_does_not_count_and_is_measured_again() -> None:
 async def test_a_machine_that_slows_for_good_is_measured_as_it_is() -> None:
     # Three ordinary blocks, then the machine slows five-fold: nothing sets its blocks aside (their throughput is
     # what is measured); the level ends with the blocks it asked for. It used to be set aside as outliers.
-    async def measure(level: Level) -> LevelRow:
+    async def measure(level: Block) -> BlockRow:
         return row(500 if level.repeat < 3 else 100, level.repeat)
 
-    rows = await run_levels([Point(0, "concurrency", 4)], measure, more=repeats(4))
+    rows = await run_levels([Level(0, "concurrency", 4)], measure, more=repeats(4))
     assert len(rows) == 4 and not any(r.disturbed for r in rows)
 
 
 async def test_a_level_the_client_keeps_disturbing_counts_its_lag_once_met_again() -> None:
-    async def measure(level: Level) -> LevelRow:
+    async def measure(level: Block) -> BlockRow:
         return row(500, level.repeat, "the client's event loop stalled for 900 ms" if level.repeat >= 1 else None)
 
-    rows = await run_levels([Point(0, "concurrency", 4)], measure, more=repeats(3))
+    rows = await run_levels([Level(0, "concurrency", 4)], measure, more=repeats(3))
     assert [r.disturbed is None for r in rows] == [True, False, True, True]
 
 
 async def test_failures_met_again_are_the_servers_and_count() -> None:
     """A server that fails a share of its requests does so in every block: set aside once, then counted."""
-    async def measure(level: Level) -> LevelRow:
+    async def measure(level: Block) -> BlockRow:
         return row(500, level.repeat, "3 request(s) failed (HTTPStatus: 3)")
 
-    rows = await run_levels([Point(0, "concurrency", 4)], measure, more=repeats(4))
+    rows = await run_levels([Level(0, "concurrency", 4)], measure, more=repeats(4))
     # 0: failures, set aside; 1-4: failures again, counted.
     assert [r.disturbed is None for r in rows] == [False, True, True, True, True]
 
 
 async def test_a_round_in_turn_with_a_disturbed_block_is_set_aside_whole() -> None:
-    async def base(level: Level) -> LevelRow:
+    async def base(level: Block) -> BlockRow:
         return row(500, level.repeat, "1 request(s) failed (HTTPStatus: 1)" if level.repeat == 1 else None, "b")
 
-    async def spec(level: Level) -> LevelRow:
+    async def spec(level: Block) -> BlockRow:
         return row(400, level.repeat, name="s")
 
-    out = await run_in_turn([Point(0, "concurrency", 4)], [base, spec],
+    out = await run_in_turn([Level(0, "concurrency", 4)], [base, spec],
                             more=lambda clean: len(clean[0]) < 3)
     b, s = out
     assert [r.repeat for r in b] == [0, 1, 2, 3] and [r.repeat for r in s] == [0, 1, 2, 3]
@@ -147,13 +147,13 @@ async def test_a_round_the_machine_shifted_inside_counts_and_the_median_shrugs_i
     base_tps = [511, 418, 422, 435, 430, 428, 426, 431, 433, 427, 429, 425]
     spec_tps = [505, 506, 403, 418, 412, 410, 409, 414, 417, 409, 413, 407]
 
-    async def base(level: Level) -> LevelRow:
+    async def base(level: Block) -> BlockRow:
         return row(base_tps[level.repeat], level.repeat, name="b")
 
-    async def spec(level: Level) -> LevelRow:
+    async def spec(level: Block) -> BlockRow:
         return row(spec_tps[level.repeat], level.repeat, name="s")
 
-    b, s = await run_in_turn([Point(0, "concurrency", 8)], [base, spec], more=lambda clean: len(clean[0]) < 12)
+    b, s = await run_in_turn([Level(0, "concurrency", 8)], [base, spec], more=lambda clean: len(clean[0]) < 12)
     assert not any(r.disturbed for r in (*b, *s)) and len(b) == 12
     interval = ratio_interval([x.throughput for x in b], [y.throughput for y in s], paired=True)
     assert interval.high is not None and interval.high < 1.0  # one shifted round does not hide the answer
@@ -171,7 +171,7 @@ def test_the_noise_of_the_first_blocks_sizes_what_a_level_needs() -> None:
     assert 12 < blocks_needed(edge, 0.03) < 20
     config = DecisionConfig(min_blocks=4, max_requests_per_level=12 * 16)
 
-    def rows_of(values: list[float], name: str) -> list[LevelRow]:
+    def rows_of(values: list[float], name: str) -> list[BlockRow]:
         return [row(v, i, name=name) for i, v in enumerate(values)]
 
     # With a quarter of the budget (16 blocks) spent, four blocks' noise is too rough an estimate to give up on;
