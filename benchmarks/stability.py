@@ -40,11 +40,11 @@ async def main() -> None:
         rec = result.comparison.recommendation
         verdicts = ", ".join(f"{lv.concurrency}: {lv.verdict} ×{lv.ratio:.2f} ({lv.blocks[0]}+{lv.blocks[1]} blocks)"
                              for lv in result.comparison.levels)
-        answers.append((rec.status, rec.speculation_off_from, tuple(rec.between or ())))
+        answers.append((rec.status, rec.speculation_off_from, rec.worst_case_loss))
         print(f"run {i + 1}: {rec.status}, speculation off from {rec.speculation_off_from}; {time.monotonic() - t0:.0f} s",
               flush=True)
         print(f"  {verdicts}")
-        print(f"  {rec.reason}", flush=True)
+        print(f"  {rec.decision}", flush=True)
     same = len(set(answers)) == 1
     print(f"\n{args.runs} runs ({args.design} design): the answers {'AGREE' if same else 'DIFFER'}: "
           + "; ".join(f"{s} / off from {o}" for s, o, _ in answers))

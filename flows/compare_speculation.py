@@ -6,9 +6,10 @@ speculation stops paying.
     compare-vllm             vLLM baseline vs its speculation (EAGLE-3, draft model, n-gram) from a few fields
     compare-local-llamacpp   llama.cpp on this machine's CPU (the main job)
 
-Each level is measured in blocks until its verdict is decided (or its budget spent), in the design
-the decision settings name (``specsweep.designs``); with ``decision.verify`` the engine then runs the
-recommended setting against both fixed policies (``tasks.verify``). Retrying a failed flow run keeps
+Each level is measured in blocks until it is settled (one fixed policy within the margin there, worst case)
+or its budget is spent, in the design the decision settings name (``specsweep.designs``); with
+``decision.verify`` the engine then runs the recommended setting against both fixed policies
+(``tasks.verify``). Retrying a failed flow run keeps
 whatever finished (a finished baseline, finished levels).
 """
 
@@ -49,16 +50,17 @@ class ComparisonResult(BaseModel):
 async def compare_speculation(baseline: ProfileParams, speculative: ProfileParams, host: HostConfig = HostConfig(),
                               benchmark: BenchmarkSettings = BenchmarkSettings(),
                               decision: DecisionConfig = DecisionConfig()) -> ComparisonResult:
-    """Measure both configurations, level by level until each is decided, and say where speculation stops paying."""
+    """Measure both configurations, level by level until each is settled, and say where speculation stops paying:
+    the setting with the least worst-case loss, and that bound."""
     if benchmark.request.temperatures:
         return await _at_each_temperature(baseline, speculative, host, benchmark, decision)
     logger = get_run_logger()
-    logger.info("comparing %s (baseline) with %s (speculative) on %s; %s design, margin ±%.0f %%", baseline.name,
-                speculative.name, host.label, decision.design if decision.design == "sequential"
-                else f"alternate ({decision.alternate_by})", decision.margin * 100)
+    logger.info("comparing %s (baseline) with %s (speculative) on %s; %s design, margin %.0f %%, alpha %.2f",
+                baseline.name, speculative.name, host.label, decision.design if decision.design == "sequential"
+                else f"alternate ({decision.alternate_by})", decision.margin * 100, decision.alpha)
     if benchmark.sweep.repeats != 1:
         logger.warning("benchmark.sweep.repeats is not used by comparisons: each level gets blocks until it is "
-                       "decided (decision.min_blocks, decision.max_requests_per_level, decision.max_seconds_per_level)")
+                       "settled (decision.min_blocks, decision.max_requests_per_level, decision.max_seconds_per_level)")
     if decision.design == "alternate" and decision.alternate_by == "side-by-side" and speculative.port == baseline.port:
         speculative = speculative.model_copy(update={"port": baseline.port + 1})  # both servers up at once
     if decision.verify:

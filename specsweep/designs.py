@@ -2,8 +2,8 @@
 
     one(arm, points, more)              one configuration, level by level, each in blocks until ``more``
     sequential(arms, points, decision)  the first arm (the baseline) over every level, each until its own
-                                        throughput is known; then each other arm, each level until its
-                                        verdict against the baseline's blocks is decided (comparisons
+                                        throughput is known; then each other arm, each level until it
+                                        is settled against the baseline's blocks (comparisons
                                         with ``design: sequential``, and every grid)
     alternate(base, spec, points, ...)  baseline and speculative blocks in turn at each level (ABBA), both
                                         servers up side by side, or one at a time restarted per block
@@ -24,7 +24,6 @@ from typing import Protocol
 
 from specsweep.analysis.decision import DecisionConfig, baseline_needs_more, pair_needs_more, speculative_needs_more
 from specsweep.records import Block, BlockRow
-from specsweep.sweep import disturbance
 from specsweep.sweep.job import Level
 from specsweep.sweep.levels import (
     MAX_SET_ASIDE,
@@ -94,14 +93,14 @@ def by_level(rows: Sequence[BlockRow]) -> dict[int, list[BlockRow]]:
 async def sequential(arms: Sequence[Arm], points: Sequence[Level], decision: DecisionConfig, num_requests: int, *,
                      stop_at_saturation: bool = False) -> list[list[BlockRow]]:
     """The baseline (``arms[0]``) over every level, each until its throughput is known to ±margin/2; then each
-    other arm over the levels the baseline reached, each until its verdict against the baseline is decided."""
-    base_more = baseline_needs_more(decision, num_requests)
+    other arm over the levels the baseline reached, each until it is settled against the baseline."""
+    base_more = baseline_needs_more(decision, num_requests, len(points))
     base_rows = await one(arms[0], points, lambda _p, rows: base_more(rows), stop_at_saturation=stop_at_saturation)
     base = by_level(base_rows)
     reached = [p for p in points if p.index in base]  # the baseline may have stopped at saturation
 
     def against_base(point: Level, rows: list[BlockRow]) -> bool:
-        return speculative_needs_more(decision, num_requests, base.get(point.index, []))(rows)
+        return speculative_needs_more(decision, num_requests, base.get(point.index, []), len(reached))(rows)
 
     return [base_rows, *[await one(arm, reached, against_base) for arm in arms[1:]]]
 
@@ -136,9 +135,10 @@ async def in_turn(arms: Sequence[Arm], points: Sequence[Level], more: Callable[[
 
 async def alternate(base: Arm, spec: Arm, points: Sequence[Level], decision: DecisionConfig, num_requests: int, *,
                     restart: bool, stop_at_saturation: bool = False) -> tuple[list[BlockRow], list[BlockRow]]:
-    """Baseline and speculative blocks in turn at each level (ABBA), until each level's paired verdict is
-    decided: both servers up side by side, or (``restart``) one at a time, started for each block."""
-    more = pair_needs_more(decision, num_requests)
+    """Baseline and speculative blocks in turn at each level (ABBA), until each level is settled (one fixed
+    policy within the margin there, worst case): both servers up side by side, or (``restart``) one at a time,
+    started for each block."""
+    more = pair_needs_more(decision, num_requests, len(points))
     base_rows, spec_rows = await in_turn([base, spec], points, lambda clean: more(clean[0], clean[1]), restart=restart,
                                          stop_at_saturation=stop_at_saturation)
     return base_rows, spec_rows
@@ -190,8 +190,9 @@ async def run_in_turn(
     set_asides: Sequence[SetAside | None] | None = None,
 ) -> list[list[BlockRow]]:
     """The alternate design: at each level, a block of each configuration in turn (``rotation``), round after
-    round until ``more(rows per configuration)`` says the level is decided. A round with a disturbed block
-    is set aside whole (the others marked as measured beside it) and measured again, at most MAX_SET_ASIDE
+    round until ``more(rows per configuration)`` says the level is settled. A round with a disturbed block
+    (failed requests, the client's lag: never its throughput or ratio) is set aside whole (the others marked
+    as measured beside it) and measured again, at most MAX_SET_ASIDE
     times per level. The first configuration's blocks decide the stop at saturation. Returns every block's
     row of each configuration."""
     k = len(measures)
@@ -228,32 +229,8 @@ async def run_in_turn(
             for arm in range(k):
                 out[arm].append(got[arm])
                 clean[arm].append(got[arm])
-            if await _set_aside_shifted_round(clean, out, set_asides):
-                aside += 1
-                if aside > MAX_SET_ASIDE:
-                    break
-                continue
             if not more(clean):
                 break
         if state.saturated_after(clean[0] or [r for r in out[0] if r.level_index == point.index]):
             break
     return out
-
-async def _set_aside_shifted_round(clean: list[list[BlockRow]], out: list[list[BlockRow]],
-                                   set_asides: Sequence[SetAside | None]) -> bool:
-    """Set aside the round whose paired ratio (each arm against the first) lies far outside the others'
-    (``disturbance.outlier_round``): its rows leave ``clean``, are marked in ``out`` and stored. True if one was."""
-    for arm in range(1, len(clean)):
-        found = disturbance.outlier_round([max(s.throughput, 1e-9) / max(b.throughput, 1e-9)
-                                       for b, s in zip(clean[0], clean[arm], strict=False)])
-        if found is None:
-            continue
-        index, why = found
-        for a in range(len(clean)):
-            row = clean[a].pop(index)
-            marked = row.model_copy(update={"disturbed": why})
-            out[a][next(i for i, r in enumerate(out[a]) if r is row)] = marked
-            if (store_it := set_asides[a]) is not None:
-                await store_it(marked)
-        return True
-    return False

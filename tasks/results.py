@@ -80,6 +80,7 @@ async def compare_configurations(
     await acreate_link_artifact(link=urls["report"], link_text="report.md (with the plots and engine settings beside it)",
                                 key=artifact_key(key, "report"), description=comp.summary[:500])
     rec = comp.recommendation
+    logger.info("%s", rec.decision)
     logger.info("comparison (%s): %s", rec.status, rec.reason)
     for lv in comp.levels:
         logger.info("  C=%d: %s, ratio %.3f [%s], %d/%d blocks", lv.concurrency, lv.verdict, lv.ratio,
@@ -119,6 +120,7 @@ async def publish_tuning(engine: str, baseline_run_id: str, point_runs: dict[str
     await acreate_markdown_artifact(markdown=markdown, key=key, description=tuning.summary[:500])
     await acreate_link_artifact(link=urls["report"], link_text="report.md (the engine's settings beside it)",
                                 key=artifact_key(key, "report"), description=tuning.summary[:500])
+    logger.info("%s", tuning.recommendation.decision)
     logger.info("tuning (%s): %s", tuning.recommendation.status, tuning.summary)
     for lv in tuning.levels:
         logger.info("  C=%d: best %s (%s, x%.3f); %s", lv.concurrency, lv.best, lv.verdict, lv.ratio,

@@ -32,9 +32,8 @@ from tasks.run import Configuration, Run
 
 
 def verifiable(comparison: Comparison) -> str | None:
-    """Why the recommendation cannot be run by the engine, or None when it can."""
-    if comparison.recommendation.status != "decided":
-        return "the answer is undetermined: there is no recommendation to run"
+    """Why the recommendation cannot be run by the engine, or None when it can (decided or the best available:
+    every comparison names a setting)."""
     setting = comparison.setting
     if setting is None:
         return "the speculative configuration's launch command does not say how it speculates"

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pydantic import BaseModel, Field
 
 from specsweep import engines
-from specsweep.analysis.decision import DecisionConfig, level_verdict
+from specsweep.analysis.decision import DecisionConfig, blocks_needed, level_verdict
 from specsweep.analysis.recommend import LevelVerdict, Recommendation, recommend
 from specsweep.analysis.slo import SLOView, requests_by_level, slo_view
 from specsweep.analysis.stats import Verdict, t_quantile
@@ -46,7 +46,12 @@ class LevelComparison(BaseModel):
     ratio: float = Field(description="speculative / baseline output throughput")
     ratio_low: float | None = Field(None, description="Interval of the ratio (None: fewer than two blocks).")
     ratio_high: float | None = None
-    confidence: float = Field(description="Confidence of each look at the level (simultaneous over the looks).")
+    confidence: float = Field(description="Confidence of the level's interval: simultaneous over the levels and looks, "
+                              "so that the answer as a whole holds at 1 - alpha.")
+    round_seconds: float | None = Field(None, description="Measured seconds of one round (a block of each "
+                                        "configuration), mean: what another round at this level costs.")
+    rounds_to_settle: float | None = Field(None, description="Rounds in all that would settle this level (one fixed "
+                                           "policy within the margin, worst case), from its spread so far.")
     paired: bool
     verdict: Verdict
     baseline_ttft_ms: float | None = None
@@ -68,7 +73,9 @@ class LevelComparison(BaseModel):
     def as_verdict(self) -> LevelVerdict:
         return LevelVerdict(concurrency=self.concurrency, verdict=self.verdict, ratio=self.ratio,
                             baseline_tokens_per_s=self.baseline_tokens_per_s,
-                            speculative_tokens_per_s=self.speculative_tokens_per_s,
+                            speculative_tokens_per_s=self.speculative_tokens_per_s, low=self.ratio_low,
+                            high=self.ratio_high, rounds=min(self.blocks), round_seconds=self.round_seconds,
+                            rounds_to_settle=self.rounds_to_settle,
                             batch_mean=self.speculative_batch, batch_max=self.speculative_batch_max)
 
 
@@ -78,10 +85,13 @@ class Comparison(BaseModel):
     levels: list[LevelComparison]
     recommendation: Recommendation
     margin: float
+    alpha: float = Field(0.05, description="The error rate of the answer as a whole (its intervals hold together at "
+                         "1 - alpha).")
     design: str | None = None
     speculation: SpeculationSettings | None = Field(None, description="What the speculative configuration drafts.")
-    setting: PerBatchSetting | None = Field(None, description="Decided: the answer in the form the measured "
-                                            "engine loads (its file and flags, or a note where it has none).")
+    setting: PerBatchSetting | None = Field(None, description="The setting in the form the measured engine loads "
+                                            "(its file and flags, or a note where it has none), decided or the best "
+                                            "available: its status and bound say which.")
     slo: SLOView | None = Field(None, description="Capacity and goodput within the decision's latency targets.")
     verification: Verification | None = Field(None, description="The verify stage: the recommended setting run by the "
                                               "engine against always off and always on.")
@@ -165,9 +175,10 @@ def compare_levels(base_rows: Sequence[BlockRow], spec_rows: Sequence[BlockRow],
                                "dataset (column disturbed). Measure again: a machine too busy to measure them on, or a "
                                "server that fails every request, does so every time.")
     levels = []
+    answering = len(common) + len(unanswered)  # the levels the answer rests on: its intervals hold together
     for c in common:
         b, s = base[c], spec[c]
-        interval, v = level_verdict(b, s, decision, paired=paired, num_requests=num_requests)
+        interval, v = level_verdict(b, s, decision, paired=paired, num_requests=num_requests, levels=answering)
         b_mean, b_int = _mean_interval(b)
         s_mean, s_int = _mean_interval(s)
         levels.append(LevelComparison(
@@ -176,6 +187,8 @@ def compare_levels(base_rows: Sequence[BlockRow], spec_rows: Sequence[BlockRow],
             baseline_tokens_per_s=b_mean, speculative_tokens_per_s=s_mean, baseline_interval=b_int,
             speculative_interval=s_int, ratio=interval.ratio, ratio_low=interval.low, ratio_high=interval.high,
             confidence=interval.confidence, paired=paired, verdict=v,
+            round_seconds=statistics.fmean(r.duration_s for r in b) + statistics.fmean(r.duration_s for r in s),
+            rounds_to_settle=blocks_needed(interval, decision.margin),
             baseline_ttft_ms=_median([r.ttft_ms_median for r in b]), speculative_ttft_ms=_median([r.ttft_ms_median for r in s]),
             baseline_ttft_p99_ms=_median([r.ttft_ms_p99 for r in b]),
             speculative_ttft_p99_ms=_median([r.ttft_ms_p99 for r in s]),
@@ -190,7 +203,7 @@ def compare_levels(base_rows: Sequence[BlockRow], spec_rows: Sequence[BlockRow],
         ))
     rec = recommend([lv.as_verdict() for lv in levels], decision.margin, unanswered)
     comp = Comparison(baseline=baseline_name, speculative=speculative_name, levels=levels, recommendation=rec,
-                      margin=decision.margin, unanswered=unanswered)
+                      margin=decision.margin, alpha=decision.alpha, unanswered=unanswered)
     for c in unanswered:
         sides = [f"{name}'s {n} block(s)" for name, (n, ok) in ((baseline_name, measured[c][0]),
                                                                   (speculative_name, measured[c][1])) if n and not ok]
@@ -236,13 +249,22 @@ def never_reached(base_rows: Sequence[BlockRow], spec_rows: Sequence[BlockRow]) 
 
 
 def with_engine_setting(comp: Comparison, speculation: SpeculationSettings | None) -> Comparison:
-    """The decided answer in the form the measured engine loads."""
+    """The setting in the form the measured engine loads, decided or the best available (its status and bound
+    carried with it)."""
     comp.speculation = speculation
-    if comp.recommendation.status != "decided" or speculation is None:
+    if speculation is None:
         return comp
     k = speculation.num_speculative_tokens
-    comp.setting = engines.per_batch_setting(speculation, off_starts(k, comp.recommendation.off_from_batch), k)
+    setting = engines.per_batch_setting(speculation, off_starts(k, comp.recommendation.off_from_batch), k)
+    comp.setting = carrying(setting, comp.recommendation)
     return comp
+
+
+def carrying(setting: PerBatchSetting | None, rec: Recommendation) -> PerBatchSetting | None:
+    """The engine's setting, stamped with the status and bound of the answer it carries."""
+    if setting is None:
+        return None
+    return setting.model_copy(update={"status": rec.status, "worst_case_loss": rec.worst_case_loss})
 
 
 def compare_runs(store: ResultsStore, baseline_run_id: str, speculative_run_id: str, *,
@@ -285,7 +307,9 @@ def compare_runs(store: ResultsStore, baseline_run_id: str, speculative_run_id: 
                                 margin=decision.margin, names=(base_run.config_name, spec_run.config_name),
                                 batch={lv.concurrency: (lv.speculative_batch, lv.speculative_batch_max)
                                        for lv in comp.levels},
-                                confidence=decision.look_confidence(num_requests), unanswered=comp.unanswered)
+                                confidence=lambda categories: decision.interval_confidence(
+                                    num_requests, len(comp.levels) + len(comp.unanswered), categories, paired=paired),
+                                unanswered=comp.unanswered)
     comp.notes += comp.traffic.notes
     comp = with_engine_setting(comp, engines.speculation_of(spec_run.command, spec_run.engine))
     comp.verification = verification_of(store, comp, decision, num_requests)

@@ -1,25 +1,29 @@
-"""From per-level verdicts to one answer: from which concurrency should speculation be off?
+"""From per-level intervals to one setting, from every run: from which concurrency should speculation be off?
 
-The rule: speculation is kept only where it is shown to pay. A level pays when its interval lies
-above 1 (``faster``); it does not when the interval lies below 1 + margin (``slower``, ``no gain``,
-or ``equivalent``: within ±margin, where speculation costs work for nothing). A threshold "off from
-level t" is supported when every level below it pays (or ties) and every level from it on does not;
-t may be the first level (off everywhere: "never") or past the last (on everywhere: "always"). The
-earliest supported threshold is the answer: a tie at the boundary is off.
+The policies: "off from t" (speculation on below the measured level t, off from it), "keep it on", "turn it
+off". At a level, the loss of a policy is the throughput it may give up there against the better of the two
+fixed policies, worst case over the level's simultaneous interval [low, high] of speculative / baseline:
 
-An undetermined level (a gain beyond the margin still possible) could go either way: the answer is
-decided only if every way it could go (it pays, or it does not, for each undetermined level) leads
-to the same threshold; otherwise it is "undetermined between A and B", naming the levels to measure
-next. The projected mean throughput of always on, always off and the answer is given beside it.
+    speculation on there:  max(0, 1 - low)       (the ratio may be as low as ``low``)
+    off there:             max(0, 1 - 1 / high)  (speculation may be ``high`` times as fast)
 
-A level measured but not answered (every block of a configuration there was set aside as disturbed: the machine
-was too busy to measure it) is an undetermined level too: whatever it would have said is still possible, so no
-answer is decided across it, and it is among the levels to measure next.
+and its worst-case loss is the largest over the levels. The setting is the policy with the least worst-case
+loss (ties broken by the next-largest loss, then by the throughput the point estimates project, then the
+earlier threshold). Because every interval holds together with probability at least 1 - alpha
+(``DecisionConfig.interval_confidence``), the setting's true loss is within its stated bound with that
+probability too, whatever the verdicts say. ``status`` is "decided" when the bound is within the margin; else
+"best available", with the level where the bound lies and the measurement that would shrink it there (rounds,
+and minutes from the level's measured rounds). An unbounded interval (too few rounds) or a level with no
+block counted (every block set aside as disturbed) leaves every policy's bound unbounded there: the setting
+is still given, from the other levels and the point estimates.
+
+Each level's verdict (``stats.verdict``: faster, slower, equivalent, no gain, undetermined) is reported beside
+it, under the same error control; the setting does not wait for them: a level where both policies give the
+same throughput costs nothing whichever side of it the threshold falls.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 import statistics
 from collections.abc import Sequence
@@ -29,10 +33,7 @@ from pydantic import BaseModel, Field
 
 from specsweep.analysis.stats import Verdict
 
-Status = Literal["decided", "undetermined"]
-_ON_OK = {"faster", "equivalent"}
-_OFF_OK = {"slower", "equivalent", "no gain"}
-_MAX_UNDETERMINED = 12  # 2**12 resolutions at most
+Status = Literal["decided", "best available"]
 
 
 class LevelVerdict(BaseModel):
@@ -43,44 +44,52 @@ class LevelVerdict(BaseModel):
     ratio: float
     baseline_tokens_per_s: float
     speculative_tokens_per_s: float
+    low: float | None = Field(None, description="The ratio's simultaneous interval (None: unbounded).")
+    high: float | None = None
+    rounds: int = Field(0, description="Rounds (blocks of each configuration) that count at this level.")
+    round_seconds: float | None = Field(None, description="Measured seconds of one round (both configurations), "
+                                        "mean: what another round costs.")
+    rounds_to_settle: float | None = Field(None, description="Rounds in all that would settle the level (one "
+                                           "policy within the margin there), estimated from its spread so far.")
     batch_mean: float | None = Field(None, description="The running batch the speculative engine reported at this "
                                      "level (its /metrics gauge), mean; None: not measured.")
     batch_max: float | None = Field(None, description="The largest running batch it reported at this level.")
+
+    def losses(self) -> tuple[float, float]:
+        """(speculation on, off): the throughput each may give up here, worst case (inf: unbounded)."""
+        if self.low is None or self.high is None or math.isnan(self.ratio):
+            return math.inf, math.inf
+        return max(0.0, 1.0 - self.low), max(0.0, 1.0 - 1.0 / self.high)
 
 
 class Recommendation(BaseModel):
     status: Status
     speculation_off_from: int | None = Field(
-        description="The concurrency from which to turn speculation off; None: keep it on (it pays or ties everywhere "
-        "measured), or the answer is undetermined.")
+        description="The concurrency from which to turn speculation off; None: keep it on.")
+    decision: str = Field("", description="The answer in one sentence: the setting, its worst case, and what would "
+                          "settle it (the report's first line).")
     reason: str
+    worst_case_loss: float | None = Field(
+        None, description="The throughput the setting may give up at some level against the better fixed policy, "
+        "worst case over the simultaneous intervals (0.04: 4 %); None: not bounded (too few rounds somewhere).")
+    worst_case_level: int | None = Field(None, description="The level where that worst case lies.")
+    more_rounds: int | None = Field(None, description="Best available: about how many more rounds (a block of each "
+                                    "configuration) at worst_case_level would bring the bound within the margin.")
+    more_minutes: float | None = Field(None, description="About how many minutes those rounds take, from the "
+                                       "level's measured rounds.")
     off_from_batch: int | None = Field(
-        None, description="Decided, off somewhere: the running batch size from which an engine's per-batch setting "
-        "turns speculation off: just above the largest batch the engine ran at the last level where it pays, as "
+        None, description="Off somewhere: the running batch size from which an engine's per-batch setting "
+        "turns speculation off: just above the largest batch the engine ran at the last level where it is on, as "
         "measured (a closed loop of C requests runs batches of fewer than C while requests finish and arrive, and an "
         "engine may cap its batch below C).")
     batch_measured: bool = Field(False, description="off_from_batch comes from the running batch the engine "
                                  "reported; False: it was not measured and the batch is taken as the concurrency.")
-    between: tuple[int, int | None] | None = Field(
-        None, description="Undetermined: the threshold lies from the first to the second level (None: maybe never).")
-    measure_next: list[int] = Field(default_factory=list, description="Levels to measure (more) to decide it.")
+    measure_next: list[int] = Field(default_factory=list, description="Levels to measure (more) to shrink the bound.")
     unanswered: list[int] = Field(default_factory=list, description="Levels measured but not answered (every block of "
-                                  "a configuration there set aside as disturbed): open, and among measure_next.")
+                                  "a configuration there set aside as disturbed): unbounded, and among measure_next.")
     projected_tokens_per_s: dict[str, float] = Field(
-        default_factory=dict, description="Mean output tok/s over the measured levels: always_off, always_on and, "
-        "when decided, as_recommended.")
-
-
-def supported_thresholds(verdicts: Sequence[Verdict]) -> list[int]:
-    """Indexes t (0..n) such that levels [:t] are faster-or-equivalent and [t:] slower-or-equivalent."""
-    n = len(verdicts)
-    return [t for t in range(n + 1) if all(v in _ON_OK for v in verdicts[:t]) and all(v in _OFF_OK for v in verdicts[t:])]
-
-
-def _projection(levels: Sequence[LevelVerdict], t: int) -> float:
-    """Mean output tok/s over the answered levels with speculation on below index t and off from it."""
-    return statistics.fmean(x for i, lv in enumerate(levels) if not math.isnan(
-        x := lv.speculative_tokens_per_s if i < t else lv.baseline_tokens_per_s))
+        default_factory=dict, description="Mean output tok/s over the measured levels: always_off, always_on and "
+        "as_recommended.")
 
 
 def unanswered_level(concurrency: int) -> LevelVerdict:
@@ -90,98 +99,146 @@ def unanswered_level(concurrency: int) -> LevelVerdict:
                         speculative_tokens_per_s=nan)
 
 
-def _ratio_words(lv: LevelVerdict) -> str:
-    return f"{lv.concurrency} (no block counted)" if math.isnan(lv.ratio) else f"{lv.concurrency} (×{lv.ratio:.2f})"
+def policy_losses(levels: Sequence[LevelVerdict], t: int) -> list[float]:
+    """Each level's worst-case loss under "on below index t, off from it"."""
+    return [lv.losses()[0] if i < t else lv.losses()[1] for i, lv in enumerate(levels)]
 
 
-def _choose(verdicts: Sequence[Verdict]) -> int | str:
-    """The threshold index (the earliest supported), or "no-threshold" (verdicts not monotonic)."""
-    supported = supported_thresholds(verdicts)
-    return supported[0] if supported else "no-threshold"
+def _gain(levels: Sequence[LevelVerdict], t: int) -> float:
+    """What the point estimates say policy t gains over always off (sum of the log ratios where it is on)."""
+    return sum(math.log(lv.ratio) for lv in levels[:t] if not math.isnan(lv.ratio))
 
 
-def _names(levels: Sequence[LevelVerdict], verdict: Verdict) -> list[int]:
-    return [lv.concurrency for lv in levels if lv.verdict == verdict]
+def choose(levels: Sequence[LevelVerdict]) -> int:
+    """The threshold index t (0: turn it off, len: keep it on) with the least worst-case loss (module docstring)."""
+    return min(range(len(levels) + 1),
+               key=lambda t: (sorted(policy_losses(levels, t), reverse=True), -_gain(levels, t), t))
+
+
+def _projection(levels: Sequence[LevelVerdict], t: int) -> float:
+    """Mean output tok/s over the answered levels with speculation on below index t and off from it."""
+    xs = [x for i, lv in enumerate(levels)
+          if not math.isnan(x := lv.speculative_tokens_per_s if i < t else lv.baseline_tokens_per_s)]
+    return statistics.fmean(xs) if xs else float("nan")
+
+
+def pct(x: float) -> str:
+    """A share as people read it (6 %, 2.5 %, 21 %), rounded up: a bound is never shown below itself."""
+    if x * 100 > 9.5:
+        return f"{math.ceil(x * 100 - 1e-9)} %"
+    return f"{math.ceil(x * 1000 - 1e-9) / 10:.1f}".removesuffix(".0") + " %"
 
 
 def _list(cs: Sequence[int]) -> str:
     return ", ".join(str(c) for c in cs)
 
 
-def _ratios(levels: Sequence[LevelVerdict], cs: Sequence[int]) -> str:
-    by = {lv.concurrency: lv for lv in levels}
-    return ", ".join(_ratio_words(by[c]) for c in cs)
+def _head(levels: Sequence[LevelVerdict], t: int) -> str:
+    return "Keep it on." if t == len(levels) else "Turn it off." if t == 0 else f"Off from {levels[t].concurrency}."
 
 
 def recommend(levels: Sequence[LevelVerdict], margin: float, unanswered: Sequence[int] = ()) -> Recommendation:
-    """The answer, from the verdicts of the measured levels (in concurrency order) and the levels measured but not
-    answered (module docstring)."""
-    if not levels:
-        reason = (f"no level could be answered: every block at {_list(sorted(unanswered))} was set aside as disturbed"
-                  if unanswered else "no level was measured")
-        return Recommendation(status="undetermined", speculation_off_from=None, reason=reason,
-                              measure_next=sorted(unanswered), unanswered=sorted(unanswered))
+    """The setting, from the measured levels (in concurrency order) and the levels measured but not answered
+    (module docstring)."""
     missing = sorted(set(unanswered) - {lv.concurrency for lv in levels})
-    rec = _answer(sorted([*levels, *map(unanswered_level, missing)], key=lambda lv: lv.concurrency), margin)
+    if not levels:
+        why = (f"every block at {_list(missing)} was set aside as disturbed" if missing else "no level was measured")
+        return Recommendation(status="best available", speculation_off_from=None, measure_next=missing,
+                              unanswered=missing, decision=f"No setting: {why}. Measure again.",
+                              reason=f"No setting: {why}.")
+    every = sorted([*levels, *map(unanswered_level, missing)], key=lambda lv: lv.concurrency)
+    rec = _answer(every, margin)
     rec.unanswered = missing
     return rec
 
 
 def _answer(levels: Sequence[LevelVerdict], margin: float) -> Recommendation:
     cs = [lv.concurrency for lv in levels]
-    fixed = {"always_off": _projection(levels, 0), "always_on": _projection(levels, len(levels))}
-    verdicts = [lv.verdict for lv in levels]
-    open_ = [i for i, v in enumerate(verdicts) if v == "undetermined"]
-    if len(open_) > _MAX_UNDETERMINED:
-        return Recommendation(status="undetermined", speculation_off_from=None, measure_next=[cs[i] for i in open_],
-                              reason=f"{len(open_)} levels are undetermined: measure them with more requests",
-                              projected_tokens_per_s=fixed)
-    outcomes: set[int | str] = set()
-    for resolution in itertools.product(("faster", "no gain"), repeat=len(open_)):
-        trial = list(verdicts)
-        for i, v in zip(open_, resolution, strict=True):
-            trial[i] = v  # type: ignore[call-overload]
-        outcomes.add(_choose(trial))
-    if len(outcomes) == 1 and isinstance(t := next(iter(outcomes)), int):
-        return _decided(levels, t, f"±{margin:.0%}", fixed)
-    if "no-threshold" in outcomes and not open_:
-        return _no_threshold(levels, fixed)
-    return _undetermined(levels, outcomes, open_, fixed)
+    n = len(levels)
+    t = choose(levels)
+    losses = policy_losses(levels, t)
+    worst = max(losses)
+    at = losses.index(worst)
+    bounded = math.isfinite(worst)
+    status: Status = "decided" if bounded and worst <= margin else "best available"
+    more_rounds, more_minutes = _to_settle(levels[at]) if status != "decided" else (None, None)
+    rec = Recommendation(
+        status=status, speculation_off_from=None if t == n else cs[t], reason="",
+        worst_case_loss=worst if bounded else None, worst_case_level=cs[at],
+        more_rounds=more_rounds, more_minutes=more_minutes,
+        measure_next=[c for c, x in zip(cs, losses, strict=True) if x > margin],
+        projected_tokens_per_s={"always_off": _projection(levels, 0), "always_on": _projection(levels, n),
+                                "as_recommended": _projection(levels, t)})
+    rec.decision = _sentence(levels, t, at, worst, margin, more_rounds, more_minutes)
+    words = ""
+    if 0 < t < n:
+        rec.off_from_batch, rec.batch_measured, words = switch_batch(levels[t - 1], levels[t])
+    elif t == 0:
+        rec.off_from_batch = 1
+    rec.reason = " ".join(x for x in (rec.decision, _verdicts(levels, margin), _gap(levels, t), words) if x)
+    return rec
 
 
-def _describe(levels: Sequence[LevelVerdict], which: Sequence[LevelVerdict], pct: str) -> str:
-    """The verdicts of some levels in words: faster at 1 (×1.20); no gain at 8 (×1.01); within ±3% at 16."""
+def _to_settle(lv: LevelVerdict) -> tuple[int | None, float | None]:
+    """More rounds at a level that would settle it, and about how many minutes they take."""
+    if lv.rounds_to_settle is None or not math.isfinite(lv.rounds_to_settle):
+        return None, None
+    more = max(1, math.ceil(lv.rounds_to_settle) - lv.rounds)
+    return more, (more * lv.round_seconds / 60.0 if lv.round_seconds is not None else None)
+
+
+def _sentence(levels: Sequence[LevelVerdict], t: int, at: int, worst: float, margin: float,
+              more_rounds: int | None, more_minutes: float | None) -> str:
+    """The decision in one sentence: "Off from 8. Worst case: at 4, keeping it on may cost up to 6 %; about 3 more
+    minutes at 4 would settle it." """
+    c = levels[at].concurrency
+    head = _head(levels, t)
+    doing = "keeping it on" if at < t else "turning it off"
+    if math.isnan(levels[at].ratio):
+        return (f"{head} Worst case: not bounded: at {c} no block counted (every one set aside as disturbed); "
+                f"measure {c} again.")
+    if worst <= margin:
+        if worst == 0.0:
+            return f"{head} Worst case: it gives up nothing at any level measured."
+        return f"{head} Worst case: at {c}, {doing} may cost up to {pct(worst)} (within the {pct(margin)} margin)."
+    cost = f"{doing} may cost up to {pct(worst)}" if math.isfinite(worst) else \
+        "the interval is not bounded yet (too few rounds)"
+    if more_minutes is not None and more_rounds is not None:
+        more = (f"about {max(1, round(more_minutes))} more minute{'s' if round(more_minutes) > 1 else ''} "
+                f"({more_rounds} more rounds) at {c} would {'settle' if math.isfinite(worst) else 'bound'} it")
+    elif more_rounds is not None:
+        more = f"about {more_rounds} more rounds at {c} would {'settle' if math.isfinite(worst) else 'bound'} it"
+    elif levels[at].rounds_to_settle is None:
+        more = f"more rounds at {c} would {'shrink' if math.isfinite(worst) else 'bound'} it"
+    else:
+        more = f"at this noise, no budget within reach settles {c}: quieten the machine or accept the bound"
+    return f"{head} Worst case: at {c}, {cost}; {more}."
+
+
+def _verdicts(levels: Sequence[LevelVerdict], margin: float) -> str:
+    """The verdicts in words: faster at 1 (×1.20 [1.10, 1.31]); no gain beyond the margin at 8 (×1.01 ...)."""
     words = {"faster": "faster at", "slower": "slower at", "no gain": "no gain beyond the margin at",
-             "equivalent": f"within {pct} at"}
+             "equivalent": f"within ±{pct(margin)} at", "undetermined": "undetermined at"}
     parts = []
     for verdict, prefix in words.items():
-        cs = [lv.concurrency for lv in which if lv.verdict == verdict]
-        if cs:
-            parts.append(f"{prefix} {_ratios(levels, cs) if verdict != 'equivalent' else _list(cs)}")
-    return "; ".join(parts)
+        at = [_ratio_words(lv) for lv in levels if lv.verdict == verdict]
+        if at:
+            parts.append(f"{prefix} {', '.join(at)}")
+    return "Verdicts: " + "; ".join(parts) + "."
 
 
-def _decided(levels: Sequence[LevelVerdict], t: int, pct: str, fixed: dict[str, float]) -> Recommendation:
-    cs = [lv.concurrency for lv in levels]
-    projected = {**fixed, "as_recommended": _projection(levels, t)}
-    on, off = list(levels[:t]), list(levels[t:])
-    if t == len(levels):
-        reason = (f"Speculation pays at every level measured (up to {cs[-1]}): {_describe(levels, on, pct)}. "
-                  "Keep it on.")
-        return Recommendation(status="decided", speculation_off_from=None, reason=reason, projected_tokens_per_s=projected)
-    if t == 0:
-        reason = (f"Speculation does not pay at any level measured: {_describe(levels, off, pct)}. Turn it off.")
-        return Recommendation(status="decided", speculation_off_from=cs[0], off_from_batch=1, reason=reason,
-                              projected_tokens_per_s=projected)
-    reason = (f"Speculation pays up to {cs[t - 1]} concurrent request{'s' if cs[t - 1] > 1 else ''} "
-              f"({_describe(levels, on, pct)}) and not from {cs[t]} on ({_describe(levels, off, pct)}): "
-              f"turn it off from {cs[t]}.")
-    if cs[t] - cs[t - 1] > 1:
-        reason += (f" (Levels between {cs[t - 1]} and {cs[t]} were not measured: {cs[t]} is the first measured level "
-                   "where it does not pay.)")
-    batch, measured, words = switch_batch(levels[t - 1], levels[t])
-    return Recommendation(status="decided", speculation_off_from=cs[t], off_from_batch=batch, batch_measured=measured,
-                          reason=f"{reason} {words}", projected_tokens_per_s=projected)
+def _ratio_words(lv: LevelVerdict) -> str:
+    if math.isnan(lv.ratio):
+        return f"{lv.concurrency} (no block counted)"
+    span = f" [{lv.low:.2f}, {lv.high:.2f}]" if lv.low is not None and lv.high is not None else " [unbounded]"
+    return f"{lv.concurrency} (×{lv.ratio:.2f}{span})"
+
+
+def _gap(levels: Sequence[LevelVerdict], t: int) -> str:
+    if not 0 < t < len(levels) or levels[t].concurrency - levels[t - 1].concurrency <= 1:
+        return ""
+    return (f"Levels between {levels[t - 1].concurrency} and {levels[t].concurrency} were not measured: "
+            f"{levels[t].concurrency} is the first measured level where it is off.")
 
 
 def batch_above(concurrency: int, batch_max: float | None) -> int:
@@ -193,7 +250,7 @@ def batch_above(concurrency: int, batch_max: float | None) -> int:
 def switch_batch(last_on: LevelVerdict, first_off: LevelVerdict) -> tuple[int, bool, str]:
     """Where an engine's per-batch setting turns speculation off, keyed on its running batch (what engines
     switch on), not on the client's concurrency: just above the largest batch the engine ran at the last level
-    where speculation pays, so that level keeps it. Returns (batch, measured, the words for the report)."""
+    where speculation is on, so that level keeps it. Returns (batch, measured, the words for the report)."""
     b = batch_above(last_on.concurrency, last_on.batch_max)
     if last_on.batch_max is None:
         return b, False, (f"The engine's running batch was not measured (no /metrics gauge), so the batch is taken as "
@@ -207,55 +264,3 @@ def switch_batch(last_on: LevelVerdict, first_off: LevelVerdict) -> tuple[int, b
                   "the per-batch setting cannot tell these levels apart (the engine caps its batch, or requests wait "
                   "outside it); a router that counts requests in flight can.")
     return b, True, words
-
-
-def _no_threshold(levels: Sequence[LevelVerdict], fixed: dict[str, float]) -> Recommendation:
-    cs = [lv.concurrency for lv in levels]
-    verdicts = [lv.verdict for lv in levels]
-    # The levels that break the order: one where it does not pay below one where it does, and that one.
-    off = {"slower", "no gain"}
-    involved = sorted({cs[i] for i, v in enumerate(verdicts) if v in off and "faster" in verdicts[i + 1:]}
-                      | {cs[j] for j, v in enumerate(verdicts) if v == "faster" and off & set(verdicts[:j])})
-    faster = _names(levels, "faster")
-    below = [c for c in cs if c in involved and c not in faster]
-    return Recommendation(
-        status="undetermined", speculation_off_from=None, measure_next=involved, projected_tokens_per_s=fixed,
-        reason=f"no single threshold fits: speculation pays at {_list(faster)} but not at {_list(below)}, below "
-               f"a level where it pays. Real crossovers are monotonic; measure {_list(involved)} again with more "
-               "requests")
-
-
-def _undetermined(levels: Sequence[LevelVerdict], outcomes: set[int | str], open_: list[int],
-                  fixed: dict[str, float]) -> Recommendation:
-    cs = [lv.concurrency for lv in levels]
-    n = len(levels)
-    thresholds = sorted(o for o in outcomes if isinstance(o, int))
-    offs = [cs[t] for t in thresholds if t < n]
-    never = n in thresholds
-    options = [f"off from {c}" for c in offs] + (["on at every level measured"] if never else [])
-    if any(isinstance(o, str) for o in outcomes):
-        options.append("no single threshold")
-    lo = thresholds[0] if thresholds else 0
-    hi = thresholds[-1] if thresholds else n
-    if len(offs) + never >= 2:
-        between: tuple[int, int | None] | None = (offs[0], None if never else offs[-1])
-        head = (f"undetermined between {offs[0]} and {offs[-1]}" if not never else
-                f"undetermined between off from {offs[0]} and on at every level measured" if len(offs) == 1 else
-                f"undetermined between {offs[0]} and beyond {cs[-1]}")
-    else:
-        between, head = None, "undetermined"
-    # A level with no block counted is measured again whatever the range: nothing is known of it.
-    again = [cs[i] for i in open_ if math.isnan(levels[i].ratio)]
-    more = sorted({cs[i] for i in open_ if max(0, lo - 1) <= i <= min(n - 1, hi)} or {cs[i] for i in open_})
-    more = [c for c in more if c not in again]
-    # Unmeasured concurrencies inside the range are worth a look too (the midpoint of each gap).
-    gaps = [(cs[i] + cs[i + 1]) // 2 for i in range(max(0, lo - 1), min(n - 1, hi)) if cs[i + 1] - cs[i] > 1]
-    ratios = ", ".join(_ratio_words(lv) for lv in levels if lv.verdict == "undetermined")
-    advice = [f"measure {_list(more)} with more requests (a larger decision budget)"] if more else []
-    advice += [f"measure {_list(again)} again, where every block was set aside as disturbed"] if again else []
-    advice += [f"also {_list(gaps)}"] if gaps else []
-    said = "; ".join(advice)
-    reason = (f"{head}: the verdict at {ratios} could go either way, and depending on it speculation should be "
-              f"{' or '.join(options)}. {said[:1].upper()}{said[1:]}.")
-    return Recommendation(status="undetermined", speculation_off_from=None, between=between,
-                          measure_next=sorted({*more, *again, *gaps}), reason=reason, projected_tokens_per_s=fixed)

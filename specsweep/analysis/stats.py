@@ -3,35 +3,42 @@ its verdict.
 
 The method, in words. Each configuration is measured at a level in blocks (a block: one
 measurement of ``num_requests`` requests, giving one output throughput). The comparison is on
-the log scale, where a ratio is a difference:
+the log scale, where a ratio is a difference, and its intervals are distribution-free: they hold
+whatever the shape of the noise (an occasional 1.6x shift of the machine inside a round, a stall),
+with nothing set aside for its value:
 
-- paired (blocks taken alternately, baseline and speculative, so that slow drift of the
-  machine lands on both alike): d_i = log(spec_i / base_i) per pair; the interval is
-  Student's t on the mean of the d_i (n - 1 degrees of freedom);
-- unpaired (all baseline blocks, then all speculative ones): Welch's t on the two means of
-  log throughput, with Welch–Satterthwaite degrees of freedom.
+- paired (blocks taken in rounds, baseline and speculative back to back, so that slow drift of
+  the machine lands on both alike): d_i = log(spec_i / base_i) per round; the ratio is exp of
+  their median, its interval the order-statistic interval of the median [d_(k), d_(n+1-k)]
+  (the sign test inverted: it covers the median of the rounds' ratio with probability at least
+  ``confidence`` for any continuous noise);
+- unpaired (all baseline blocks, then all speculative ones): the Hodges-Lehmann shift (the
+  median of every difference log spec_j - log base_i), its interval from the order statistics
+  of those differences at the Mann-Whitney critical value (exact).
 
-The ratio is exp(mean) (a geometric mean), the interval exp(mean ± t · se). A level is
-measured block after block until its verdict is decided or its budget is spent, so the
-interval is looked at several times; to keep its coverage honest under that, the
-confidence of each look is raised by Bonferroni over the looks the budget allows
-(``simultaneous_confidence``): with the default 95 % and up to 6 looks, each look uses
-99.2 %. The verdict, with margin m (default 3 %):
+With too few rounds for ``confidence`` (the sign test needs 2 / 2^n <= 1 - confidence) the
+interval is unbounded (``low``/``high`` None): the level is undetermined, and its loss bound
+(``specsweep.analysis.recommend``) is not finite. The confidence of each interval comes from the
+error rate of the answer as a whole (``DecisionConfig.interval_confidence``: Bonferroni over
+levels and categories, and over a level's looks exactly, ``sequential_confidence``). The verdict,
+with margin m (default 5 %):
 
     equivalent    the whole interval inside [1 - m, 1 + m]
     faster        otherwise, the interval above 1: speculation is shown to pay
     slower        otherwise, the interval below 1
     no gain       otherwise, the interval below 1 + m: a gain worth having is ruled out
-    undetermined  otherwise: a gain of more than m is still possible (or fewer than two blocks)
+    undetermined  otherwise: a gain of more than m is still possible (or no bounded interval)
 
 Speculation is kept only where it is shown to pay: slower, equivalent and no gain all say
 "it does not pay here" (``PAYS``, ``DOES_NOT_PAY``).
 
-tests/specsweep/test_stats.py checks the coverage on generated data with a known ratio.
+tests/specsweep/test_stats.py checks the coverage on generated data with a known ratio, and
+tests/specsweep/test_known_answer.py the answer as a whole.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -90,6 +97,7 @@ def t_cdf(t: float, df: float) -> float:
     return 1.0 - tail if t >= 0 else tail
 
 
+@functools.lru_cache(maxsize=4096)
 def t_quantile(p: float, df: float) -> float:
     """The ``p`` quantile of Student's t (bisection on the CDF; exact to 1e-10)."""
     if not 0.0 < p < 1.0:
@@ -123,6 +131,7 @@ class RatioInterval:
     blocks: tuple[int, int]  # (baseline, speculative)
     paired: bool
     confidence: float
+    spread: float | None = None  # robust standard deviation of one round's log ratio (MAD x 1.4826)
 
     @property
     def half_width(self) -> float | None:
@@ -132,51 +141,125 @@ class RatioInterval:
         return (math.log(self.high) - math.log(self.low)) / 2.0
 
 
-def simultaneous_confidence(confidence: float, looks: int) -> float:
-    """The confidence of each of ``looks`` looks so that all of them hold together at ``confidence``."""
-    return 1.0 - (1.0 - confidence) / max(1, looks)
+def _binom_half_cdf(k: int, n: int) -> float:
+    """P(B <= k) for B ~ Binomial(n, 1/2)."""
+    if k < 0:
+        return 0.0
+    return sum(math.comb(n, i) for i in range(min(k, n) + 1)) / 2.0 ** n
 
 
-def _mean_var(xs: Sequence[float]) -> tuple[float, float]:
-    m = sum(xs) / len(xs)
-    return m, sum((x - m) ** 2 for x in xs) / (len(xs) - 1)
+@functools.lru_cache(maxsize=4096)
+def sign_depth(n: int, confidence: float) -> int | None:
+    """The order statistic k such that [x_(k), x_(n+1-k)] covers the median of n draws with probability at least
+    ``confidence`` (the largest such k, so the narrowest); None when even [x_(1), x_(n)] cannot."""
+    tail = (1.0 - confidence) / 2.0
+    k = 0
+    while k + 1 <= (n + 1) // 2 and _binom_half_cdf(k, n) <= tail:
+        k += 1
+    return k or None
+
+
+def sequential_miss(per_look: float, first: int, last: int) -> float:
+    """The probability that any of the sign-test intervals at rounds ``first`` to ``last`` (each at confidence
+    ``per_look``) misses the median, exactly: the signs of the rounds about their median are fair coin flips,
+    whatever the noise, so the union over the looks is a walk's chance to cross the intervals' order statistics
+    (a path is counted once, at its first miss)."""
+    paths = [1.0]  # by how many rounds so far lie below the median
+    missed = 0.0
+    for n in range(1, last + 1):
+        paths = [(paths[s] if s < n else 0.0) / 2 + (paths[s - 1] if s > 0 else 0.0) / 2 for s in range(n + 1)]
+        k = sign_depth(n, per_look) if n >= first else None
+        if k is None:
+            continue
+        for s in [*range(k), *range(n + 1 - k, n + 1)]:  # the median below d(k), or above d(n+1-k)
+            missed += paths[s]
+            paths[s] = 0.0
+    return missed
+
+
+@functools.lru_cache(maxsize=1024)
+def sequential_confidence(alpha: float, first: int, last: int) -> float:
+    """The confidence of each look such that the sign-test intervals at every round from ``first`` to ``last``
+    all cover the median together with probability at least 1 - alpha (``sequential_miss``; about nine times
+    Bonferroni's per-look alpha over 21 looks, as the looks' intervals share their rounds)."""
+    lo, hi = alpha / max(1, last - first + 1), alpha
+    if sequential_miss(1.0 - hi, first, last) <= alpha:
+        return 1.0 - hi
+    for _ in range(40):  # bisection on the log scale; lo always holds
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if sequential_miss(1.0 - mid, first, last) <= alpha else (lo, mid)
+    return 1.0 - lo
+
+
+def min_rounds(confidence: float) -> int:
+    """The fewest paired rounds that give a bounded interval at ``confidence``."""
+    n = 1
+    while sign_depth(n, confidence) is None:
+        n += 1
+    return n
+
+
+def _mann_whitney_counts(m: int, n: int) -> list[int]:
+    """How many of the C(m + n, m) orderings give each value of the Mann-Whitney U (0..m n): the coefficients of
+    the Gaussian binomial [m + n choose m]_q."""
+    poly = [1]
+    for i in range(1, m + 1):
+        # multiply by (1 - q^(n+i)), then divide by (1 - q^i) (exact: the quotient is a polynomial)
+        up = poly + [0] * (n + i)
+        for j in range(len(poly)):
+            up[j + n + i] -= poly[j]
+        out = [0] * (len(up) - i)
+        for j in range(len(out)):
+            out[j] = up[j] + (out[j - i] if j >= i else 0)
+        poly = out
+    return poly[: m * n + 1]
+
+
+def _median(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    h = len(s) // 2
+    return s[h] if len(s) % 2 else (s[h - 1] + s[h]) / 2.0
 
 
 def ratio_interval(base: Sequence[float], spec: Sequence[float], *, paired: bool,
                    confidence: float = 0.95) -> RatioInterval:
-    """The ratio spec / base and its interval at ``confidence``. ``paired``: base[i] and spec[i] were
-    measured back to back (only the first min(len) pairs count)."""
+    """The ratio spec / base and its distribution-free interval at ``confidence`` (module docstring).
+    ``paired``: base[i] and spec[i] were measured in the same round (only the first min(len) pairs count)."""
     if not base or not spec or any(x <= 0 for x in (*base, *spec)):
         raise ValueError("throughputs must be positive, and each configuration needs at least one block")
     lb, ls = [math.log(x) for x in base], [math.log(x) for x in spec]
-    q = (1.0 + confidence) / 2.0
+    counts = (len(base), len(spec))
     if paired:
         n = min(len(lb), len(ls))
-        d = [ls[i] - lb[i] for i in range(n)]
-        mean = sum(d) / n
-        if n < 2:
-            return RatioInterval(math.exp(mean), None, None, (len(base), len(spec)), True, confidence)
-        _, var = _mean_var(d)
-        half = t_quantile(q, n - 1) * math.sqrt(var / n)
-    else:
-        mean = sum(ls) / len(ls) - sum(lb) / len(lb)
-        if len(lb) < 2 or len(ls) < 2:
-            return RatioInterval(math.exp(mean), None, None, (len(base), len(spec)), False, confidence)
-        (_, vb), (_, vs) = _mean_var(lb), _mean_var(ls)
-        sb, ss = vb / len(lb), vs / len(ls)
-        se2 = sb + ss
-        if se2 == 0.0:
-            half = 0.0
-        else:
-            df = se2 ** 2 / ((sb ** 2 / (len(lb) - 1) if sb else 0.0) + (ss ** 2 / (len(ls) - 1) if ss else 0.0))
-            half = t_quantile(q, df) * math.sqrt(se2)
-    return RatioInterval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), (len(base), len(spec)),
-                         paired, confidence)
+        d = sorted(ls[i] - lb[i] for i in range(n))
+        centre = _median(d)
+        spread = 1.4826 * _median([abs(x - centre) for x in d]) if n >= 2 else None
+        k = sign_depth(n, confidence) if n >= 2 else None
+        if k is None:
+            return RatioInterval(math.exp(centre), None, None, counts, True, confidence, spread)
+        return RatioInterval(math.exp(centre), math.exp(d[k - 1]), math.exp(d[n - k]), counts, True, confidence,
+                             spread)
+    diffs = sorted(s - b for s in ls for b in lb)
+    centre = _median(diffs)
+    # One pair's spread, from each configuration's own (MAD x 1.4826), as a round's would be.
+    spread = math.hypot(*(1.4826 * _median([abs(x - _median(xs)) for x in xs]) for xs in (lb, ls))) \
+        if len(lb) >= 2 and len(ls) >= 2 else None
+    m, n = len(lb), len(ls)
+    freq = _mann_whitney_counts(m, n)
+    total, tail = float(sum(freq)), (1.0 - confidence) / 2.0
+    k, below = 0, 0
+    while k < len(diffs) // 2 and (below + freq[k]) / total <= tail:
+        below += freq[k]
+        k += 1
+    if k == 0:
+        return RatioInterval(math.exp(centre), None, None, counts, False, confidence, spread)
+    return RatioInterval(math.exp(centre), math.exp(diffs[k - 1]), math.exp(diffs[len(diffs) - k]), counts, False,
+                         confidence, spread)
 
 
 def verdict(interval: RatioInterval, margin: float) -> Verdict:
     """faster, slower, equivalent (the whole interval within ±margin), no gain (below 1 + margin) or
-    undetermined (a gain of more than the margin is still possible)."""
+    undetermined (a gain of more than the margin is still possible, or the interval is unbounded)."""
     if interval.low is None or interval.high is None:
         return "undetermined"
     if interval.low >= 1.0 - margin and interval.high <= 1.0 + margin:

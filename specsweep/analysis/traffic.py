@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -46,7 +46,7 @@ class CategoryLevel(BaseModel):
     pairs: int = Field(description="Prompts measured by both configurations at this level.")
     rounds: int = Field(0, description="Rounds (blocks of both configurations) these pairs came from: the interval's "
                         "units.")
-    ratio: float = Field(description="Speculative / baseline per-request speed (geometric mean over the rounds of "
+    ratio: float = Field(description="Speculative / baseline per-request speed (median over the rounds of "
                          "each round's geometric mean over its pairs).")
     ratio_low: float | None = None
     ratio_high: float | None = None
@@ -78,7 +78,7 @@ class Lossless(BaseModel):
 
 class TrafficView(BaseModel):
     source: str | None = Field(None, description="The prompt set the levels were sent.")
-    confidence: float = Field(0.95, description="Of each interval (the levels' own, per look).")
+    confidence: float = Field(0.95, description="Of each interval: simultaneous over categories, levels and looks.")
     levels: list[CategoryLevel] = Field(default_factory=list)
     recommendations: dict[str, Recommendation] = Field(default_factory=dict, description="Per category.")
     lengths: list[OutputLengths] = Field(default_factory=list)
@@ -134,17 +134,17 @@ def traffic_view(base_frame: Iterable[Mapping[str, Any]], spec_frame: Iterable[M
                  base_rows: Sequence[BlockRow], spec_rows: Sequence[BlockRow], *, margin: float,
                  names: tuple[str, str] = ("baseline", "speculative"),
                  batch: Mapping[int, tuple[float | None, float | None]] | None = None,
-                 confidence: float = 0.95, unanswered: Sequence[int] = ()) -> TrafficView:
+                 confidence: float | Callable[[int], float] = 0.95, unanswered: Sequence[int] = ()) -> TrafficView:
     """``batch``: per concurrency, the running batch the speculative engine reported there (mean, max), which
     every category's answer states its engine setting in, as the level's own answer does. ``confidence``: of
-    each interval; a comparison passes its levels' own (held over the looks its budget allows), since the
-    rounds these pairs come from were taken until that rule stopped, and an interval at a lower confidence
-    would decide a category, or the mix, that the level's own answer leaves open. ``unanswered``: the levels with
-    no block counted (``Comparison.unanswered``), open in every category's answer too."""
+    each interval, or, given the number of categories (the mix as sent among them), the confidence that holds
+    them all together with the levels' own answer (``DecisionConfig.interval_confidence``: the categories
+    share part of the comparison's alpha, Bonferroni over categories and levels, the looks held together): a
+    category's answer is under the same error control as the level's. ``unanswered``: the levels with no block
+    counted (``Comparison.unanswered``), open in every category's answer too."""
     counted = _counted(base_rows) & _counted(spec_rows)
     base, spec = _measured(base_frame, counted), _measured(spec_frame, counted)
-    view = TrafficView(source=next((r.prompt_source for r in spec_rows if r.prompt_source), None),
-                       confidence=confidence)
+    view = TrafficView(source=next((r.prompt_source for r in spec_rows if r.prompt_source), None))
     pairs: dict[tuple[str, int], list[tuple[int, float, float]]] = defaultdict(list)  # (round, base, spec)
     steps: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
     drafts: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)  # (accepted, drafted)
@@ -163,10 +163,12 @@ def traffic_view(base_frame: Iterable[Mapping[str, Any]], spec_frame: Iterable[M
                 drafts[(category, c)].append((int(s.get("spec_accepted_tokens") or 0), int(s["spec_draft_tokens"])))
         if greedy and b.get("output_digest") and s.get("output_digest"):
             same[c].append(b["output_digest"] == s["output_digest"])
+    categories = len({category for category, _ in pairs})
+    view.confidence = confidence(categories) if callable(confidence) else confidence
     for (category, c), got in sorted(pairs.items()):
         rounds = _by_round(got)
         interval = ratio_interval([b for b, _ in rounds], [s for _, s in rounds], paired=True,
-                                  confidence=confidence) if rounds else None
+                                  confidence=view.confidence) if rounds else None
         accepted, drafted = steps.get((category, c)), drafts.get((category, c))
         view.levels.append(CategoryLevel(
             category=category, concurrency=c, pairs=len(got), rounds=len(rounds),
@@ -182,7 +184,8 @@ def traffic_view(base_frame: Iterable[Mapping[str, Any]], spec_frame: Iterable[M
             b_rate, s_rate = (lv.concurrency * math.exp(sum(math.log(p[i]) for p in got) / len(got)) for i in (1, 2))
             mean, most = (batch or {}).get(lv.concurrency, (None, None))
             by_category[lv.category].append(LevelVerdict(concurrency=lv.concurrency, verdict=lv.verdict,
-                                                          ratio=lv.ratio, baseline_tokens_per_s=b_rate,
+                                                          ratio=lv.ratio, low=lv.ratio_low, high=lv.ratio_high,
+                                                          rounds=lv.rounds, baseline_tokens_per_s=b_rate,
                                                           speculative_tokens_per_s=s_rate, batch_mean=mean,
                                                           batch_max=most))
     view.recommendations = {cat: recommend(levels, margin, unanswered) for cat, levels in by_category.items()}

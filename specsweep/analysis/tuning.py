@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from specsweep import engines
-from specsweep.analysis.compare import Comparison, compare_runs
+from specsweep.analysis.compare import Comparison, carrying, compare_runs
 from specsweep.analysis.decision import DecisionConfig
 from specsweep.analysis.recommend import LevelVerdict, Recommendation, batch_above, recommend
 from specsweep.analysis.stats import Verdict
@@ -139,16 +139,15 @@ class Tuning(BaseModel):
     run_ids: dict[str, str] = Field(description="Each point's run id, by label.")
     levels: list[LevelChoice]
     recommendation: Recommendation
-    ranges: list[SettingRange] = Field(default_factory=list, description="Decided: the setting per batch-size range.")
-    setting: PerBatchSetting | None = Field(None, description="Decided: the ranges in the form the engine loads.")
+    ranges: list[SettingRange] = Field(default_factory=list, description="The setting per batch-size range (decided "
+                                       "or the best available).")
+    setting: PerBatchSetting | None = Field(None, description="The ranges in the form the engine loads.")
     margin: float
     host: str | None = None
     notes: list[str] = Field(default_factory=list)
 
     @property
     def summary(self) -> str:
-        if self.recommendation.status != "decided":
-            return self.recommendation.reason
         return "; ".join(_range_words(r) for r in self.ranges) + ". " + self.recommendation.reason
 
 
@@ -214,7 +213,8 @@ def tune(engine: str, comparisons: Mapping[str, Comparison], points: Sequence[Gr
     """The tuning from each point's comparison with the baseline."""
     levels = best_per_level(comparisons)
     envelope = [LevelVerdict(concurrency=lv.concurrency, verdict=lv.verdict, ratio=lv.ratio,
-                             baseline_tokens_per_s=lv.baseline_tokens_per_s,
+                             low=lv.points[lv.best].ratio_low, high=lv.points[lv.best].ratio_high,
+                             rounds=lv.points[lv.best].blocks, baseline_tokens_per_s=lv.baseline_tokens_per_s,
                              speculative_tokens_per_s=lv.points[lv.best].tokens_per_s,
                              batch_mean=lv.points[lv.best].batch_mean, batch_max=lv.points[lv.best].batch_max)
                 for lv in levels]
@@ -232,7 +232,7 @@ def tune(engine: str, comparisons: Mapping[str, Comparison], points: Sequence[Gr
         tuning.notes.append("Each setting was measured after the baseline, one server at a time: drift of the machine "
                             "between them is not cancelled out. Check a close call with compare-speculation "
                             "(alternate design) on the two settings concerned.")
-    if rec.status == "decided":
+    if levels:  # a setting from every grid, decided or the best available (its status and bound say which)
         tuning.ranges = setting_ranges(levels, points, rec.speculation_off_from)
         k_max = max((r.k for r in tuning.ranges), default=0) or max(p.k for p in points)
         # The setting takes the drafting of the points it uses (one with more candidates per step than the
@@ -240,7 +240,8 @@ def tune(engine: str, comparisons: Mapping[str, Comparison], points: Sequence[Gr
         used = [s for r in tuning.ranges if r.point and (s := comparisons[r.point].speculation) is not None]
         speculation = max(used, key=lambda s: s.eagle_topk or 1, default=speculation)
         if speculation is not None:
-            tuning.setting = engines.per_batch_setting(speculation, [(r.batch_from, r.k) for r in tuning.ranges], k_max)
+            tuning.setting = carrying(engines.per_batch_setting(speculation, [(r.batch_from, r.k) for r in tuning.ranges],
+                                                                k_max), rec)
             if tuning.setting is not None:
                 tuning.notes.extend(n for n in tuning.setting.notes if n not in tuning.notes)
     return tuning

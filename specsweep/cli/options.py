@@ -29,7 +29,8 @@ Temperatures = Annotated[Optional[str], typer.Option(
 Results = Annotated[str, typer.Option("--results", help="Results root (Parquet): a folder or a URL.")]
 HostFile = Annotated[Optional[Path], typer.Option(
     "--host-config", help="Host file (JSON or TOML, as the flows' host parameter). Default: this machine.")]
-Margin = Annotated[float, typer.Option("--margin", help="Ratios within ±margin count as equivalent (0.03: ±3 %).")]
+Margin = Annotated[float, typer.Option("--margin", help="The worst-case loss a setting may carry and be decided "
+                                       "(0.05: 5 %); ratios within ±margin count as equivalent.")]
 Design = Annotated[str, typer.Option(help="alternate: baseline and speculative blocks in turn; sequential: one "
                                      "configuration, then the other.")]
 SloTtft = Annotated[Optional[float], typer.Option(

@@ -122,7 +122,7 @@ def compare_cmd(
     allow_mismatch: Annotated[bool, typer.Option(
         "--allow-mismatch", help="Compare even if GPU, driver, engine or model differ.")] = False,
     margin: Annotated[Optional[float], typer.Option(
-        help="Equivalence margin (0.03: ±3 %); default the run's own.")] = None,
+        help="Margin (0.05: 5 %): the worst-case loss a decided setting may carry; default the run's own.")] = None,
     results: Results = RESULTS_DEFAULT,
 ) -> None:
     """Compare two stored runs: per-level verdicts, the answer, the engine's setting, the report folder."""

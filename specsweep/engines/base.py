@@ -86,6 +86,9 @@ class PerBatchSetting(BaseModel):
         None, ge=1, description="For an engine without a per-batch switch: the requests in flight from which "
         "`specsweep route`, in front of a speculative and a baseline server, sends requests to the baseline.")
     notes: tuple[str, ...] = ()
+    status: str | None = Field(None, description="The answer it carries: decided, or best available.")
+    worst_case_loss: float | None = Field(None, description="The answer's bound: the throughput it may give up at "
+                                          "some level against the better fixed policy (None: unbounded).")
 
 
 @dataclass(frozen=True)

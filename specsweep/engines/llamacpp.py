@@ -136,8 +136,8 @@ class LlamaCppSettings(EngineSettings):
                      "its answer.")
     threads: int = Field(2, ge=1, le=256, description="CPU threads (-t). On this 2-core machine: with one, drafting "
                          "does not pay even alone (benchmarks/cache_fit.py --threads 1); with two it pays at 1 stream "
-                         "and, in most runs, at 2, and the client and Prefect take some of the cores (a round of "
-                         "blocks the machine shifted is set aside).")
+                         "and, in most runs, at 2, and the client and Prefect take some of the cores (the rounds' "
+                         "median and its distribution-free interval ride out a round the machine shifted).")
     draft_max: int = Field(8, ge=1, le=64, description="Most tokens drafted per step (--spec-draft-n-max). "
                            "With 8 (llama-server's own default is 16) the generated models accept about 61 % "
                            "on MT-Bench (5.5 tokens a step). On this 2-core machine it pays at 1 stream (x1.15-1.32) "

@@ -30,12 +30,17 @@ from specsweep.results import ResultsStore, comparison_folder, tuning_folder
 def recommendation_json(comp: Comparison) -> dict[str, Any]:
     rec = comp.recommendation
     return {
+        "decision": rec.decision,
         "status": rec.status,
         "speculation_off_from": rec.speculation_off_from,
+        "worst_case_loss": round(rec.worst_case_loss, 4) if rec.worst_case_loss is not None else None,
+        "worst_case_level": rec.worst_case_level,
+        "more_rounds": rec.more_rounds,
+        "more_minutes": round(rec.more_minutes, 1) if rec.more_minutes is not None else None,
+        "alpha": comp.alpha,
         "off_from_batch": rec.off_from_batch,
         "batch_measured": rec.batch_measured,
         "reason": rec.reason,
-        "between": list(rec.between) if rec.between else None,
         "measure_next": rec.measure_next,
         "unanswered": rec.unanswered,
         "margin": comp.margin,
@@ -74,7 +79,9 @@ def verification_json(comp: Comparison) -> dict[str, Any]:
 
 def tuning_json(tuning: Tuning) -> dict[str, Any]:
     return {
-        "engine": tuning.engine, "status": tuning.recommendation.status,
+        "decision": tuning.recommendation.decision, "engine": tuning.engine, "status": tuning.recommendation.status,
+        "worst_case_loss": tuning.recommendation.worst_case_loss,
+        "worst_case_level": tuning.recommendation.worst_case_level,
         "speculation_off_from": tuning.recommendation.speculation_off_from, "reason": tuning.recommendation.reason,
         "measure_next": tuning.recommendation.measure_next, "unanswered": tuning.recommendation.unanswered,
         "margin": tuning.margin,

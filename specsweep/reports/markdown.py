@@ -8,7 +8,7 @@ from typing import Any
 
 from specsweep import engines
 from specsweep.analysis.compare import Comparison
-from specsweep.analysis.recommend import Recommendation
+from specsweep.analysis.recommend import Recommendation, pct
 from specsweep.analysis.slo import Side, SLOView
 from specsweep.analysis.traffic import CategoryLevel, TrafficView
 from specsweep.analysis.tuning import Tuning
@@ -24,21 +24,28 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def headline(rec: Recommendation, summary: str | None = None) -> str:
-    """The answer's first line: "Decided: ..." or "Undetermined ..." (the reason says the rest, and is not
-    made to say "undetermined" twice)."""
-    text = summary or rec.reason
-    if rec.status == "decided":
-        return f"Decided: {text}"
-    return text[0].upper() + text[1:] if text.lower().startswith("undetermined") else f"Undetermined: {text}"
+def headline(rec: Recommendation) -> str:
+    """The answer's first line: the decision in one sentence (the setting, its worst case, what would settle it)."""
+    return rec.decision
+
+
+def status_line(rec: Recommendation, margin: float) -> str:
+    """The status and bound in words, under the first line."""
+    bound = pct(rec.worst_case_loss) if rec.worst_case_loss is not None else "not bounded"
+    what = (f"within the {pct(margin)} margin" if rec.status == "decided" else
+            f"beyond the {pct(margin)} margin: the best setting the measurements allow, deployable, with its bound")
+    return f"Status: {rec.status} (worst-case loss {bound} at {rec.worst_case_level}, {what})" \
+        + (f"; measure next: {', '.join(map(str, rec.measure_next))}" if rec.measure_next else "") + "."
 
 
 def configure_lines(rec: Recommendation, setting: PerBatchSetting | None) -> list[str]:
-    """What to give the engine, in words and flags."""
-    if rec.status != "decided":
-        return ["No engine setting is given while the answer is undetermined: measure the levels named above first "
-                "(a larger decision budget)."]
-    lines = []
+    """What to give the engine, in words and flags (decided or the best available: it says which)."""
+    lines = [] if rec.status == "decided" else [
+        f"Best available, not decided: this setting may give up {pct(rec.worst_case_loss)} at "
+        f"{rec.worst_case_level} (worst case); it is still the one with the least worst-case loss."
+        if rec.worst_case_loss is not None else
+        "Best available, not decided: its worst-case loss is not bounded yet (too few rounds somewhere); it is "
+        "chosen by the levels that are bounded and the point estimates."]
     if setting is not None and setting.file_name is not None:
         label = engines.get(setting.engine).label
         lines.append(f"{label} (`{setting.file_name}`):\n\n```\n{setting.flags or ''}\n```")
@@ -81,18 +88,20 @@ def comparison_markdown(comp: Comparison) -> str:
     pol = rec.projected_tokens_per_s
     policies = markdown_table(["policy", "mean output tok/s over the levels"], [
         ["always off (baseline)", _f(pol.get("always_off"))], ["always on (speculative)", _f(pol.get("always_on"))],
-        ["as recommended", _f(pol.get("as_recommended")) if "as_recommended" in pol else "- (undetermined)"]])
+        ["as recommended", _f(pol.get("as_recommended"))]])
     parts = [
-        f"## Speculation: {comp.speculative} vs {comp.baseline}",
         f"**{headline(rec)}**",
-        f"Speculation off from: {rec.speculation_off_from if rec.speculation_off_from is not None else '-'}"
-        + (f"; measure next: {', '.join(map(str, rec.measure_next))}" if rec.measure_next else ""),
+        f"## Speculation: {comp.speculative} vs {comp.baseline}",
+        status_line(rec, comp.margin),
+        f"Speculation off from: {rec.speculation_off_from if rec.speculation_off_from is not None else '-'}",
         table,
         f"Verdicts: faster / slower when the interval of the ratio lies above / below 1; equivalent when it lies within "
         f"±{comp.margin:.0%}; no gain when it lies below 1 + {comp.margin:.0%} (a gain beyond the margin is ruled out); "
-        "undetermined otherwise (a gain is still possible). Speculation is kept only where it pays (faster). "
-        "Intervals are simultaneous over each level's looks "
-        f"({comp.levels[0].confidence:.1%} per look); blocks were "
+        "undetermined otherwise (a gain is still possible, or too few rounds for a bounded interval). The setting is "
+        "the policy (off from a level, keep it on, turn it off) with the least worst-case loss against the better "
+        "fixed policy over these intervals. Intervals: the median of the rounds' ratios with its distribution-free "
+        f"interval, simultaneous over the levels, looks and categories so that the answer as a whole holds at "
+        f"{1 - comp.alpha:.0%} ({comp.levels[0].confidence:.2%} each); blocks were "
         f"{'paired (alternate design)' if comp.levels[0].paired else 'not paired (sequential design)'}. "
         "Running batch: the requests each engine reported running at once (its /metrics gauge, sampled while the "
         "level ran), mean for the baseline / the speculative engine, with the speculative engine's largest in "
@@ -269,7 +278,8 @@ def traffic_markdown(view: TrafficView | None) -> list[str]:
     parts = [f"### By category of prompt ({view.source or 'unknown'} prompts)",
              markdown_table(["category", *(f"C={c}" for c in cs), "answer"], rows),
              "Each cell: the speculative configuration's per-request speed over the baseline's, paired by prompt "
-             f"(geometric mean, with its {view.confidence:.1%} interval: the levels' own confidence per look), the "
+             f"(median over the rounds, with its {view.confidence:.2%} interval: simultaneous with the levels' own, "
+             "under the comparison's alpha), the "
              "verdict, and the speculative engine's output tokens per verify "
              "step where its answers say. The interval is taken over the level's rounds, not its requests: requests "
              "measured together share the machine's state, so a category needs rounds, not only prompts, to be "
@@ -339,8 +349,10 @@ def tuning_markdown(tuning: Tuning) -> str:
                      f"{lv.baseline_tokens_per_s:,.1f}", *cells, lv.best])
     table = markdown_table(["concurrency", "running batch, best point (max)", "baseline tok/s", *labels, "best"], rows)
     rec = tuning.recommendation
-    parts = [f"## Speculation grid on {engines.get(tuning.engine).label}: {', '.join(labels)} vs {tuning.baseline}",
-             f"**{headline(rec, tuning.summary)}**",
+    parts = [f"**{headline(rec)}**",
+             f"## Speculation grid on {engines.get(tuning.engine).label}: {', '.join(labels)} vs {tuning.baseline}",
+             status_line(rec, tuning.margin),
+             tuning.summary,
              table,
              f"Each cell: the point's throughput / the baseline's, with its interval, and its verdict (±{tuning.margin:.0%}"
              " counts as equivalent). The best point per level is in bold: the best verdict, then the highest "

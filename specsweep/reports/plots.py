@@ -215,7 +215,7 @@ def tuning_plot(tuning: Tuning) -> bytes:
     on = [(k, r) for k, r in enumerate(lv) if off is None or r.concurrency < off]  # from the threshold on: baseline
     ax.scatter([nudged(index[r.best])[k] for k, r in on], [r.ratio for _, r in on], s=160, facecolors="none",
                edgecolors="black", linewidths=1.2, zorder=4,
-               label="best per level" + ("" if tuning.recommendation.status == "decided" else " (undetermined)"))
+               label="best per level" + ("" if tuning.recommendation.status == "decided" else " (best available)"))
     if off is not None:
         ax.axvline(off, color="tab:red", ls="--", label=f"off from {off}")
     _concurrency_axis(ax, c)

@@ -15,7 +15,7 @@ from specsweep.analysis.traffic import MIX, TrafficView
 from specsweep.analysis.tuning import Tuning
 from specsweep.analysis.verify import Verification
 from specsweep.records import BlockRow
-from specsweep.reports.markdown import acceptance_words, batch_cell, batch_span, configure_lines, headline
+from specsweep.reports.markdown import acceptance_words, batch_cell, batch_span, configure_lines, headline, status_line
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
@@ -92,12 +92,10 @@ def print_comparison(comp: Comparison, out: Console | None = None) -> None:
                       f"{r.baseline_ttft_ms or 0:,.1f} / {r.speculative_ttft_ms or 0:,.1f}",
                       f"{r.baseline_tpot_ms or 0:.2f} / {r.speculative_tpot_ms or 0:.2f}", acc)
     out = out or console()
-    out.print(table)
     rec = comp.recommendation
-    out.print(headline(rec), style="bold", markup=False)
-    off = rec.speculation_off_from
-    out.print(f"speculation off from: {off if off is not None else '-'}"
-              + (f"; measure next: {', '.join(map(str, rec.measure_next))}" if rec.measure_next else ""))
+    out.print(headline(rec), style="bold", markup=False, soft_wrap=True)
+    out.print(table)
+    out.print(status_line(rec, comp.margin), markup=False)
     _configure(out, configure_lines(rec, comp.setting))
     pol = rec.projected_tokens_per_s
     out.print(f"mean output tok/s over the levels: always off {pol.get('always_off', 0):,.1f}, always on "
@@ -168,9 +166,9 @@ def print_tuning(tuning: Tuning, out: Console | None = None) -> None:
         table.add_row(str(lv.concurrency), batch_cell(None, best.batch_mean, best.batch_max),
                       f"{lv.baseline_tokens_per_s:,.1f}", *cells, lv.best)
     out = out or console()
-    out.print(table)
     rec = tuning.recommendation
-    out.print(headline(rec), style="bold", markup=False)
+    out.print(headline(rec), style="bold", markup=False, soft_wrap=True)
+    out.print(table)
     for r in tuning.ranges:
         out.print(f"  {batch_span(r.batch_from, r.batch_to)} running requests: {r.point or 'off (baseline)'} (K={r.k})")
     if tuning.setting is not None and tuning.setting.file_name is not None:

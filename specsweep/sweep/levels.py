@@ -86,10 +86,8 @@ class Sweeper:
         """The block judged against its level's earlier blocks (``level_rows``, the ``clean`` ones among them).
         Failed requests or a client lag met again after a block was set aside for them are how the level runs
         here: the block counts (stored so), unless no request of it completed (an outage, or a server that
-        answers nothing, has no throughput to count). A stall is a disturbance however often it comes back
-        (up to MAX_SET_ASIDE). Else it is marked disturbed when its
-        throughput lies far outside its level's clean blocks. A disturbed block goes to ``set_aside`` (stored
-        with its reason)."""
+        answers nothing, has no throughput to count). Nothing is judged by its throughput
+        (``specsweep.sweep.disturbance``). A disturbed block goes to ``set_aside`` (stored with its reason)."""
         cause = disturbance.own_cause(row.disturbed)
         if cause in disturbance.THE_SERVERS_WHEN_MET_AGAIN and row.completed and \
                 any(disturbance.own_cause(r.disturbed) == cause for r in level_rows):
@@ -97,15 +95,15 @@ class Sweeper:
             if set_aside is not None:
                 await set_aside(row)
             return row
-        if row.disturbed is None and (why := disturbance.outlier(row.throughput, [r.throughput for r in clean])):
-            row = row.model_copy(update={"disturbed": why})
         if row.disturbed is not None and set_aside is not None:
             await set_aside(row)
         return row
 
     def saturated_after(self, rows: list[BlockRow]) -> bool:
+        if not self.stop_at_saturation:
+            return False
         self.merged.append(merge_repeats(rows))
-        if self.stop_at_saturation and saturated(self.merged):
+        if saturated(self.merged):
             if self.on_saturation is not None:
                 self.on_saturation()
             return True
@@ -125,8 +123,8 @@ async def run_levels(
     """Measure each level in blocks, in order, and return every block's row.
 
     ``more(point, rows)`` says whether a level needs another block (``repeats(n)`` for a fixed number); it
-    sees only the blocks that count: a block the machine disturbed (``BlockRow.disturbed``; an outlier among
-    its level's blocks is marked here and stored again by ``set_aside``) is kept and measured again, at most
+    sees only the blocks that count: a block the machine disturbed (``BlockRow.disturbed``: failed requests,
+    the client's lag; stored again by ``set_aside``) is kept and measured again, at most
     MAX_SET_ASIDE times per level; failures or a client lag met again in the block measured again count.
     ``check_server(when)`` runs after a block with failed requests and when
     ``measure`` raises: it raises if the server is gone (the sweep stops there, with the blocks before it

@@ -6,7 +6,6 @@ SGLang adaptive file on the engine against always on and always off."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pandas as pd
@@ -21,8 +20,8 @@ from specsweep.errors import ConfigError
 from specsweep.parameters import BenchmarkSettings, LifecycleConfig
 from specsweep.profiles import ServerProfile
 from specsweep.results.store import ResultsStore
+from specsweep.sweep import PAIRED_WITH_DISTURBED
 from tests.conftest import pids_with_marker
-from tests.helpers.logs import flow_logs
 from tests.helpers.sshd import free_port
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -64,42 +63,37 @@ async def test_without_a_crossover_the_answer_is_decided_always_or_never(
     assert pids_with_marker(port) == [] and pids_with_marker(port + 1) == []
 
 
-async def test_a_block_the_engine_stalls_is_set_aside_kept_and_measured_again(tmp_path: Path) -> None:
+async def test_a_block_the_engine_stalls_counts_and_the_median_rides_it_out(tmp_path: Path) -> None:
     # The speculative engine stalls once for 1.5 s as its 24th request arrives: the 6th measured request of its
     # second block (a start's 4 warm-up requests, then blocks of 1 warm-up and 12 measured). The start's warm-up is
     # held at 4: until its TTFT settles it took 16 once on the loaded suite, and the stall fell on a block's warm-up.
+    # Issue 43: a stall of an engine under test is its performance: the block counts (it used to be set aside and
+    # measured again, which favours the configuration that stalls), and the median of the rounds' ratios with its
+    # distribution-free interval keeps the answer useful.
     port = free_port(span=2)
     base, _ = sim_pair(port, "tiny-fast")
     _, spec = sim_pair(port, "tiny-fast", "--fault-engine-stall-after", "24", "--fault-engine-stall-s", "1.5")
     results = tmp_path / "results"
     benchmark = settings(results, [1]).model_copy(update={"stages": LifecycleConfig(warm_up_requests=4)})
     state = await compare_speculation(base, spec, benchmark=benchmark, return_state=True,
-                                      decision=IN_TURN.model_copy(update={"min_blocks": 3}))
+                                      decision=IN_TURN.model_copy(update={"min_blocks": 3,
+                                                                          "max_requests_per_level": 12 * 16}))
     comp = (await state.result()).comparison
     lv = comp.levels[0]
-    # The stalled block and the baseline's block of the same round (and any other round the loaded machine
-    # disturbed: the suite runs four tests at once on two cores).
-    assert lv.set_aside[0] == lv.set_aside[1] >= 1, lv
-    assert lv.verdict == "faster" and lv.ratio_low is not None and lv.ratio_low > 1.0  # the interval stays useful
     levels = pd.read_parquet(results / "levels")
-    aside = levels[levels["disturbed"].notna()]
-    assert len(aside) == sum(lv.set_aside) and len(levels) == sum(lv.blocks) + sum(lv.set_aside)  # nothing lost
-    # The stalled block is seen as the stall, or, where the loaded machine's client lagged as long in the same block
-    # (the lag then explains the gap), by its round's ratio (x0.1 against about x1.7).
-    spec_aside = aside[aside["config_name"] == "sglang-eagle3"]
-    stall = ("no token arrived for ", "the ratio of its round")  # the gap: the 1.5 s stall and whatever lag joined it
-    stalled = spec_aside[spec_aside["disturbed"].str.startswith(stall)]
-    assert len(stalled), list(spec_aside["disturbed"])
-    # Its round's baseline block goes with it: marked as measured beside the stall, set aside by the round's ratio,
-    # or (the loaded machine's client lagged in it, once) for its own reason. Other rounds' blocks may be set aside
-    # for their own reasons too.
-    base_aside = aside[aside["config_name"] != "sglang-eagle3"]
-    assert set(stalled["repeat"]) <= set(base_aside["repeat"]), list(aside[["config_name", "repeat", "disturbed"]]
-                                                                     .itertuples(index=False))
-    assert any("Blocks set aside as disturbed" in n for n in comp.notes)
-    logs = "\n".join(await flow_logs(state.state_details.flow_run_id))
-    assert re.search(r"sglang-eagle3 C=1 #\d+: set aside, measured again \((no token arrived for \d|the ratio of "
-                     "its round)", logs), logs
+    # The stalled block (its TTFT p99 the 1.5 s stall) is not set aside for the stall: it counts, unless evidence
+    # independent of the engine set it aside (the loaded machine's client lag in it or in its round's other block).
+    stalled = levels[(levels["config_name"] == "sglang-eagle3") & (levels["ttft_ms_p99"] > 1000)]
+    assert len(stalled), levels[["config_name", "repeat", "ttft_ms_p99"]]
+    independent = ("the client's event loop", PAIRED_WITH_DISTURBED)
+    assert all(pd.isna(d) or str(d).startswith(independent) for d in stalled["disturbed"]), list(stalled["disturbed"])
+    assert not levels["disturbed"].fillna("").str.startswith("no token arrived").any()
+    # The interval stays useful: the level is settled (keeping speculation on costs at most the margin, worst case),
+    # which is what the stopping rule asks of it, and the setting is decided.
+    assert lv.ratio > 1.3 and lv.ratio_low is not None and lv.ratio_low >= 1 - comp.margin, (lv.ratio_low, lv.ratio)
+    assert len(levels) == sum(lv.blocks) + sum(lv.set_aside)  # nothing lost
+    rec = comp.recommendation
+    assert rec.status == "decided" and rec.speculation_off_from is None and rec.decision.startswith("Keep it on.")
 
 
 # Alone on the machine (scripts/test.sh's second phase): "reaches" needs the three arms' ratio known within the 3 %

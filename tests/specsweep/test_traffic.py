@@ -17,7 +17,7 @@ def level(c: int, repeat: int = 0, **fields: Any) -> BlockRow:
                                     "temperature": 0.0, **fields})
 
 
-ROUNDS = 4
+ROUNDS = 8  # the median's distribution-free interval needs 6 rounds at 95 % (issue 43; 4 were enough for t)
 
 
 def rows(*, rounds: int = ROUNDS, **fields: Any) -> list[BlockRow]:
@@ -108,10 +108,10 @@ def test_a_speculative_server_that_changes_greedy_outputs_is_flagged() -> None:
 
 def test_a_shift_of_the_machine_in_a_round_is_one_unit_of_noise_not_one_per_request() -> None:
     # The two configurations are alike, but the machine moved each round's requests together (x1.10, x0.92, ...).
-    # Counted per request, 48 pairs would look like a decided "equivalent" ([0.98, 1.02]); 4 rounds cannot rule
+    # Counted per request, 48 pairs would look like a decided "equivalent" ([0.98, 1.02]); 8 rounds cannot rule
     # out a gain.
     speed = {("coding", 1): 50.0, ("coding", 8): 30.0, ("writing", 1): 50.0, ("writing", 8): 30.0}
-    shift = (1.07, 0.94, 1.05, 0.95)
+    shift = (1.07, 0.94, 1.05, 0.95, 1.06, 0.93, 1.04, 0.96)
     view = traffic_view(requests(speed, seed=1, n=24), requests(speed, seed=2, n=24, shift=shift), rows(), rows(),
                         margin=0.03)
     mix = next(lv for lv in view.levels if lv.category == MIX and lv.concurrency == 8)
@@ -125,7 +125,7 @@ def test_a_shift_of_the_machine_in_a_round_is_one_unit_of_noise_not_one_per_requ
 
 def test_only_prompts_both_configurations_measured_in_counted_blocks_pair_up() -> None:
     speed = {("coding", 1): 50.0, ("coding", 8): 30.0}
-    base_rows = [level(c, r, disturbed="no token arrived for 2.00 s" if c == 8 else None)
+    base_rows = [level(c, r, disturbed="the client's event loop stalled for 900 ms" if c == 8 else None)
                  for c in (1, 8) for r in range(ROUNDS)]
     spec_rows = rows()
     base, spec = requests(speed, seed=1), requests(speed, seed=2)
