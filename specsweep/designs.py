@@ -178,6 +178,66 @@ def rotation(arms: int, repeat: int) -> list[int]:
         return [0, 1] if repeat % 2 == 0 else [1, 0]
     return [(repeat + i) % arms for i in range(arms)]
 
+
+class InTurn:
+    """Blocks of several arms taken in turn (``rotation``), a round at a time: each round at a level numbered on
+    from the last (its blocks' repeat), a round with a disturbed block (failed requests, the client's lag: never
+    its throughput or ratio) set aside whole, the others marked as measured beside it. The rows of every level
+    are kept here: ``clean[level index][arm]`` (the rounds that count) and ``out[arm]`` (every block)."""
+
+    def __init__(self, measures: Sequence[Measure], *, checks: Sequence[ServerCheck | None] | None = None,
+                 on_block: OnLevel | None = None, set_asides: Sequence[SetAside | None] | None = None,
+                 sweeper: Sweeper | None = None) -> None:
+        self.k = len(measures)
+        self.measures = list(measures)
+        self.checks = list(checks) if checks is not None else [None] * self.k
+        self.set_asides = list(set_asides) if set_asides is not None else [None] * self.k
+        self.on_block = on_block
+        self.sweeper = sweeper or Sweeper(False, None)
+        self.out: list[list[BlockRow]] = [[] for _ in range(self.k)]
+        self.clean: dict[int, list[list[BlockRow]]] = {}
+        self.level_rows: dict[int, list[list[BlockRow]]] = {}
+        self.rounds: dict[int, int] = {}
+        self.aside: dict[int, int] = {}
+
+    def counted(self, point: Level) -> list[list[BlockRow]]:
+        """The rounds that count at ``point``, per arm."""
+        return self.clean.setdefault(point.index, [[] for _ in range(self.k)])
+
+    async def round(self, point: Level, done: int = 0, total: int = 0) -> bool:
+        """One round at ``point``; whether it counts (False: set aside whole, as often as MAX_SET_ASIDE allows
+        before ``exhausted``)."""
+        clean = self.counted(point)
+        level_rows = self.level_rows.setdefault(point.index, [[] for _ in range(self.k)])
+        level = point.block(self.rounds.get(point.index, 0))
+        self.rounds[point.index] = level.repeat + 1
+        got: dict[int, BlockRow] = {}
+        for arm in rotation(self.k, level.repeat):
+            row = await self.sweeper.block(self.measures[arm], level, self.checks[arm])
+            got[arm] = await self.sweeper.judged(row, level_rows[arm], clean[arm], self.set_asides[arm])
+            level_rows[arm].append(got[arm])
+            if self.on_block is not None:
+                await self.on_block(got[arm], done, total)
+        if any(r.disturbed is not None for r in got.values()):
+            for arm, row in got.items():
+                if row.disturbed is None:
+                    got[arm] = row.model_copy(update={"disturbed": PAIRED_WITH_DISTURBED})
+                    if (store_it := self.set_asides[arm]) is not None:
+                        await store_it(got[arm])
+            for arm in range(self.k):
+                self.out[arm].append(got[arm])
+            self.aside[point.index] = self.aside.get(point.index, 0) + 1
+            return False
+        for arm in range(self.k):
+            self.out[arm].append(got[arm])
+            clean[arm].append(got[arm])
+        return True
+
+    def exhausted(self, point: Level) -> bool:
+        """Rounds were set aside at ``point`` more often than MAX_SET_ASIDE: it keeps what it has."""
+        return self.aside.get(point.index, 0) > MAX_SET_ASIDE
+
+
 async def run_in_turn(
     sweep: list[Level],
     measures: Sequence[Measure],
@@ -189,48 +249,21 @@ async def run_in_turn(
     on_saturation: Callable[[], None] | None = None,
     set_asides: Sequence[SetAside | None] | None = None,
 ) -> list[list[BlockRow]]:
-    """The alternate design: at each level, a block of each configuration in turn (``rotation``), round after
-    round until ``more(rows per configuration)`` says the level is settled. A round with a disturbed block
-    (failed requests, the client's lag: never its throughput or ratio) is set aside whole (the others marked
-    as measured beside it) and measured again, at most MAX_SET_ASIDE
-    times per level. The first configuration's blocks decide the stop at saturation. Returns every block's
-    row of each configuration."""
-    k = len(measures)
-    checks = list(checks) if checks is not None else [None] * k
-    set_asides = list(set_asides) if set_asides is not None else [None] * k
-    state = Sweeper(stop_at_saturation, on_saturation)
-    out: list[list[BlockRow]] = [[] for _ in range(k)]
+    """The alternate design: at each level, rounds of a block of each configuration in turn (``InTurn``) until
+    ``more(rows per configuration)`` says the level is settled, a set-aside round measured again at most
+    MAX_SET_ASIDE times per level. The first configuration's blocks decide the stop at saturation. Returns every
+    block's row of each configuration."""
+    turn = InTurn(measures, checks=checks, on_block=on_block, set_asides=set_asides,
+                  sweeper=Sweeper(stop_at_saturation, on_saturation))
     for n, point in enumerate(sweep, 1):
-        clean: list[list[BlockRow]] = [[] for _ in range(k)]
-        level_rows: list[list[BlockRow]] = [[] for _ in range(k)]
-        rounds = aside = 0
         while True:
-            level = point.block(rounds)
-            rounds += 1
-            got: dict[int, BlockRow] = {}
-            for arm in rotation(k, level.repeat):
-                row = await state.block(measures[arm], level, checks[arm])
-                got[arm] = await state.judged(row, level_rows[arm], clean[arm], set_asides[arm])
-                level_rows[arm].append(got[arm])
-                if on_block is not None:
-                    await on_block(got[arm], n, len(sweep))
-            if any(r.disturbed is not None for r in got.values()):
-                for arm, row in got.items():
-                    if row.disturbed is None:
-                        got[arm] = row.model_copy(update={"disturbed": PAIRED_WITH_DISTURBED})
-                        if (store_it := set_asides[arm]) is not None:
-                            await store_it(got[arm])
-                for arm in range(k):
-                    out[arm].append(got[arm])
-                aside += 1
-                if aside > MAX_SET_ASIDE:
+            if not await turn.round(point, n, len(sweep)):
+                if turn.exhausted(point):
                     break
                 continue
-            for arm in range(k):
-                out[arm].append(got[arm])
-                clean[arm].append(got[arm])
-            if not more(clean):
+            if not more(turn.counted(point)):
                 break
-        if state.saturated_after(clean[0] or [r for r in out[0] if r.level_index == point.index]):
+        clean = turn.counted(point)[0]
+        if turn.sweeper.saturated_after(clean or [r for r in turn.out[0] if r.level_index == point.index]):
             break
-    return out
+    return turn.out
