@@ -9,6 +9,8 @@
                                         servers up side by side, or one at a time restarted per block
     in_turn(arms, points, more, ...)    the same for any number of arms (the verify stage: always off,
                                         always on and the recommended setting)
+    search(base, spec, span, ...)       the same, a round at a time at the level a search names next
+                                        (``specsweep.analysis.search``), within a time budget
 
 An ``Arm`` is what a design needs of a configuration: whether an earlier try of the run already
 finished it, its run row's recording, and its server's pipeline (``serve``: kill leftovers →
@@ -18,11 +20,16 @@ flows build arms from their Prefect tasks; the designs know nothing of Prefect.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, AbstractContextManager, AsyncExitStack, ExitStack
+import statistics
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, AsyncExitStack, ExitStack, asynccontextmanager
 from typing import Protocol
 
+from specsweep.analysis.compare import compare_levels
 from specsweep.analysis.decision import DecisionConfig, baseline_needs_more, pair_needs_more, speculative_needs_more
+from specsweep.analysis.search import Step, max_levels, next_step
+from specsweep.bench.config import SearchRange
 from specsweep.records import Block, BlockRow
 from specsweep.sweep.job import Level
 from specsweep.sweep.levels import (
@@ -113,6 +120,15 @@ async def in_turn(arms: Sequence[Arm], points: Sequence[Level], more: Callable[[
     done = [arm.finished() for arm in arms]
     if all(d is not None for d in done):
         return [d or [] for d in done]
+    async with taking_turns(arms, restart=restart, stop_at_saturation=stop_at_saturation) as turn:
+        return await run_in_turn(list(points), turn=turn, more=more)
+
+
+@asynccontextmanager
+async def taking_turns(arms: Sequence[Arm], *, restart: bool,
+                       stop_at_saturation: bool = False) -> AsyncIterator[InTurn]:
+    """The arms recorded and served for blocks in turn: every server up side by side for the whole ``async
+    with``, or (``restart``) one at a time, started for each block; their final kills when it ends."""
     with ExitStack() as records:
         for arm in arms:
             records.enter_context(arm.recording())
@@ -128,9 +144,8 @@ async def in_turn(arms: Sequence[Arm], points: Sequence[Level], more: Callable[[
             async def on_block(row: BlockRow, done: int, total: int) -> None:
                 await by_name[row.config_name].on_block(row, done, total)
 
-            return await run_in_turn(list(points), measures, more=more, stop_at_saturation=stop_at_saturation,
-                                     checks=checks, on_block=on_block, on_saturation=arms[0].on_saturation,
-                                     set_asides=[arm.set_aside for arm in arms])
+            yield InTurn(measures, checks=checks, on_block=on_block, set_asides=[arm.set_aside for arm in arms],
+                         sweeper=Sweeper(stop_at_saturation, arms[0].on_saturation))
 
 
 async def alternate(base: Arm, spec: Arm, points: Sequence[Level], decision: DecisionConfig, num_requests: int, *,
@@ -240,7 +255,7 @@ class InTurn:
 
 async def run_in_turn(
     sweep: list[Level],
-    measures: Sequence[Measure],
+    measures: Sequence[Measure] = (),
     *,
     more: Callable[[list[list[BlockRow]]], bool],
     stop_at_saturation: bool = False,
@@ -248,13 +263,15 @@ async def run_in_turn(
     on_block: OnLevel | None = None,
     on_saturation: Callable[[], None] | None = None,
     set_asides: Sequence[SetAside | None] | None = None,
+    turn: InTurn | None = None,
 ) -> list[list[BlockRow]]:
-    """The alternate design: at each level, rounds of a block of each configuration in turn (``InTurn``) until
-    ``more(rows per configuration)`` says the level is settled, a set-aside round measured again at most
-    MAX_SET_ASIDE times per level. The first configuration's blocks decide the stop at saturation. Returns every
-    block's row of each configuration."""
-    turn = InTurn(measures, checks=checks, on_block=on_block, set_asides=set_asides,
-                  sweeper=Sweeper(stop_at_saturation, on_saturation))
+    """The alternate design: at each level, rounds of a block of each configuration in turn (``InTurn``; one is
+    made of ``measures`` and the rest unless ``turn`` is given) until ``more(rows per configuration)`` says the
+    level is settled, a set-aside round measured again at most MAX_SET_ASIDE times per level. The first
+    configuration's blocks decide the stop at saturation. Returns every block's row of each configuration."""
+    if turn is None:
+        turn = InTurn(measures, checks=checks, on_block=on_block, set_asides=set_asides,
+                      sweeper=Sweeper(stop_at_saturation, on_saturation))
     for n, point in enumerate(sweep, 1):
         while True:
             if not await turn.round(point, n, len(sweep)):
@@ -267,3 +284,70 @@ async def run_in_turn(
         if turn.sweeper.saturated_after(clean or [r for r in turn.out[0] if r.level_index == point.index]):
             break
     return turn.out
+
+
+# -- search ---------------------------------------------------------------------------------------
+
+
+class Budget:
+    """A run's time budget, from its start: what is left, and whether a step of a known cost still fits (one
+    block over at most: a round of two blocks starts while half of it fits)."""
+
+    def __init__(self, minutes: float | None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.seconds = None if minutes is None else minutes * 60.0
+        self.clock = clock
+        self.started = clock()
+
+    def spent_s(self) -> float:
+        return self.clock() - self.started
+
+    def fits(self, cost_s: float, blocks: int = 2) -> bool:
+        if self.seconds is None:
+            return True
+        return self.spent_s() + cost_s * (blocks - 1) / blocks <= self.seconds
+
+
+async def search(base: Arm, spec: Arm, span: SearchRange, decision: DecisionConfig, num_requests: int, *,
+                 restart: bool, budget: Budget | None = None,
+                 on_step: Callable[[Step], None] | None = None) -> tuple[list[BlockRow], list[BlockRow]]:
+    """The crossover found by search (``specsweep.analysis.search``): baseline and speculative blocks in turn
+    (ABBA), a round at a time at the level the search names next, from both ends of ``span``, until it stops or
+    the next round would pass ``budget``. Returns each configuration's blocks."""
+    done = [arm.finished() for arm in (base, spec)]
+    if all(d is not None for d in done):
+        return done[0] or [], done[1] or []
+    most = max_levels(span.min, span.max)
+    levels: dict[int, Level] = {}
+    round_s: dict[int, list[float]] = {}
+
+    def level(c: int) -> Level:
+        if c not in levels:
+            levels[c] = Level(len(levels), "concurrency", float(c))
+        return levels[c]
+
+    for c in (span.min, span.max):
+        level(c)
+    async with taking_turns([base, spec], restart=restart) as turn:
+        while True:
+            answered = {c: len(turn.counted(lv)[0]) for c, lv in levels.items() if not turn.exhausted(lv)}
+            comp = None
+            if any(turn.counted(lv)[0] for lv in levels.values()):
+                comp = compare_levels(turn.out[0], turn.out[1], decision=decision, paired=True,
+                                      num_requests=num_requests, answer_levels=most, search=True)
+            step = next_step(comp, answered, decision, num_requests, most)
+            at = step.concurrency
+            if at is not None:
+                costs = round_s.get(at) or [s for xs in round_s.values() for s in xs]
+                cost = statistics.median(costs) if costs else 0.0
+                if budget is not None and not budget.fits(cost):
+                    step = Step("stop", None, f"the time budget: {budget.spent_s() / 60:.1f} of "
+                                f"{(budget.seconds or 0) / 60:.1f} minutes spent, and a round at C={at} takes about "
+                                f"{cost:.0f} s")
+            if on_step is not None:
+                on_step(step)
+            if step.kind == "stop" or at is None:
+                break
+            t0 = time.monotonic()
+            await turn.round(level(at), len(levels), most)
+            round_s.setdefault(at, []).append(time.monotonic() - t0)
+    return turn.out[0], turn.out[1]
