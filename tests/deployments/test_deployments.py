@@ -20,8 +20,8 @@ from tests.helpers.logs import read_all_logs
 from tests.helpers.prefect_server import PREFECT, REPO, postgres, prefect_cli, prefect_server
 from tests.helpers.sshd import free_port
 
-DEPLOYMENTS = {"compare-local-llamacpp/local", "compare-sglang-eagle3/sglang", "compare-speculation/profiles",
-               "benchmark-config/config", "compare-vllm/vllm", "tune-speculation/llamacpp",
+DEPLOYMENTS = {"compare-engine/local", "compare-engine/sglang", "compare-speculation/profiles",
+               "benchmark-config/config", "compare-engine/vllm", "tune-speculation/llamacpp",
                "eagle3-benchmark/eagle3", "baseline-benchmark/baseline"}
 
 
@@ -101,12 +101,12 @@ async def test_deployments_register_with_schedules(deployed: dict[str, str]) -> 
 
 async def test_run_with_custom_parameters_completes_with_artifacts_and_logs(deployed: dict[str, str], tmp_path: Path) -> None:
     port = free_port()
-    params = {"sglang": sim_settings(port),
+    params = {"settings": {"engine": "sglang", **sim_settings(port)},
               "benchmark": {"sweep": {"concurrency": [1, 16], "num_requests": 12, "warmup_requests": 2},
                             "workload": {"input_len": 8, "output_len": 24}, "results": str(tmp_path / "results")},
               "decision": {"min_blocks": 2, "max_requests_per_level": 24}}  # two blocks each: no verdict asserted
     async with get_client() as client:
-        dep = await client.read_deployment_by_name("compare-sglang-eagle3/sglang")
+        dep = await client.read_deployment_by_name("compare-engine/sglang")
         run = await client.create_flow_run_from_deployment(dep.id, parameters=params)
     done = await wait_done(run.id)
     assert done.state.is_completed(), done.state  # type: ignore[attr-defined]
