@@ -59,6 +59,7 @@ from specsweep.results import comparison_folder, tuning_folder
 
 _SWEEP, _WORKLOAD = LOCAL_BENCHMARK.sweep, LOCAL_BENCHMARK.workload
 T = TypeVar("T")
+_SWITCHING = ", ".join(e.label for e in engines.ENGINES.values() if not e.no_per_batch_switch)
 Engine = Annotated[Optional[str], typer.Option(
     help=f"One of {', '.join(engines.ENGINES)}; default the --settings file's own engine, else the local llama.cpp.")]
 
@@ -160,7 +161,7 @@ def compare_speculation(
     margin: Margin = LOCAL_DECISION.margin,
     max_requests_per_level: Budget = LOCAL_DECISION.max_requests_per_level,
     verify: Annotated[bool, typer.Option(help="Then run the recommended per-batch setting against always on and "
-                                         "always off (vLLM, SGLang).")] = False,
+                                         f"always off ({_SWITCHING}).")] = False,
     slo_ttft: SloTtft = None,
     slo_tpot: SloTpot = None,
     results: Results = LOCAL_BENCHMARK.results,
@@ -217,9 +218,9 @@ def _settings(engine: str | None, path: Path | None) -> EngineSettings:
 
 
 def tune(
-    engine: Annotated[str, typer.Option(help=f"One of {', '.join(engines.ENGINES)}.")] = "llamacpp",
+    engine: Engine = None,
     settings: Annotated[Optional[Path], typer.Option(
-        help="The engine's settings (JSON, as the flow's parameter); default the local llama.cpp's.")] = None,
+        help="The engine's settings (JSON, as the flow's settings parameter); default the local llama.cpp's.")] = None,
     grid: Annotated[Optional[list[str]], typer.Option(
         help="A speculation field and its values, FIELD=V1,V2 (repeatable); default the engine's small grid.")] = None,
     host_file: HostFile = None,
