@@ -30,8 +30,16 @@ GROUP = "specsweep.commands"
 
 
 def installed() -> list[Registration]:
-    """The registrations the installed packages declare (entry point group ``specsweep.commands``)."""
-    return [ep.load() for ep in sorted(entry_points(group=GROUP), key=lambda ep: ep.name)]
+    """The registrations the installed packages declare (entry point group ``specsweep.commands``). One that
+    cannot be loaded is left out, saying why: the core's commands still run."""
+    found = []
+    for ep in sorted(entry_points(group=GROUP), key=lambda ep: ep.name):
+        try:
+            found.append(ep.load())
+        except Exception as exc:  # noqa: BLE001 - a broken package must not take the core's commands with it
+            typer.echo(f"specsweep: the commands of {ep.value} ({GROUP} entry point {ep.name!r}) are missing: "
+                       f"{type(exc).__name__}: {exc}", err=True)
+    return found
 
 
 def assemble(registrations: Iterable[Registration]) -> tuple[typer.Typer, Installed]:

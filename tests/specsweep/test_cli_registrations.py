@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -91,3 +92,16 @@ def test_python_m_specsweep_cli_is_the_command_and_the_core_loads_no_prefect() -
     help_text = subprocess.run([sys.executable, "-m", "specsweep.cli", "--help"], capture_output=True, text=True,
                                timeout=60, check=True).stdout
     assert all(name in help_text for name in ("server", "bench", "compare-local", "compare-speculation", "tune"))
+
+
+def test_a_package_whose_registration_cannot_load_leaves_the_core_commands_running(tmp_path: Path) -> None:
+    """Another installed package declares a registration that fails to import: the command says so and runs."""
+    dist = tmp_path / "broken_plugin-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(f"[{GROUP}]\nbroken = no_such_module_here:register\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "specsweep.cli", "--help"], capture_output=True, text=True, timeout=60,
+                          env=env)
+    assert done.returncode == 0 and "bench" in done.stdout, done.stderr
+    assert "the commands of no_such_module_here:register" in done.stderr and "ModuleNotFoundError" in done.stderr
