@@ -193,3 +193,29 @@ async def test_serve_builds_the_same_deployments_as_prefect_yaml() -> None:
         assert served[d["name"]].entrypoint == d["entrypoint"]
         assert served[d["name"]].parameters == (d.get("parameters") or {})
         assert all(not s.active for s in served[d["name"]].schedules)
+
+
+def test_compare_engine_takes_a_form_per_engine_that_the_server_checks() -> None:
+    """The schema the server checks a run's parameters against (and the UI draws): one settings form per
+    registered engine, chosen by settings.engine. Each compare-engine entry of prefect.yaml passes it."""
+    import yaml
+    from prefect.utilities.callables import parameter_schema
+    from prefect.utilities.schema_tools import ValidationError, validate
+
+    from flows.compare_speculation import compare_engine
+
+    schema = parameter_schema(compare_engine).model_dump_for_openapi()
+    settings = schema["properties"]["settings"]
+    assert settings["discriminator"]["propertyName"] == "engine"
+    assert set(settings["discriminator"]["mapping"]) == {"sglang", "vllm", "llamacpp"}
+    assert settings["default"]["engine"] == "llamacpp"  # no parameters: the main job
+    spec = yaml.safe_load((REPO / "deployments" / "prefect.yaml").read_text())["deployments"]
+    presets = {d["name"]: d.get("parameters") or {} for d in spec if d["entrypoint"].endswith(":compare_engine")}
+    assert set(presets) == {"local", "sglang", "vllm"}
+    for name, params in presets.items():
+        assert validate(params, schema, raise_on_error=True) == [], name
+    for bad in ({"settings": {"engine": "tensorrt-llm"}},
+                {"settings": {"engine": "sglang", "model": "/m/llama"}},  # a vLLM field in SGLang's form
+                {"settings": {"model_path": "/m/kimi"}}):  # no engine
+        with pytest.raises(ValidationError, match="settings"):
+            validate(bad, schema, raise_on_error=True)
