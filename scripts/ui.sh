@@ -31,5 +31,5 @@ cat <<MSG
 
 The Prefect UI is at http://127.0.0.1:${PORT}
   export PREFECT_API_URL=${PREFECT_API_URL}
-  .venv/bin/prefect deployment run 'compare-local-llamacpp/local' --watch
+  .venv/bin/prefect deployment run 'compare-engine/local' --watch
 MSG

@@ -67,9 +67,13 @@ class LaunchFinding:
 
 
 class EngineSettings(BaseModel):
-    """An engine's form: the fields flows show, and the two server profiles they make."""
+    """An engine's form: the fields flows show, and the two server profiles they make. Each form names its
+    engine in ``engine`` (``Literal["<name>"]``, defaulting to it): the key flows and the command line tell
+    the engines' forms apart by (``specsweep.engines.EngineSettingsParam``)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    engine: str = Field(description="The engine these settings are for.")
 
     def profile(self, kind: Kind) -> ServerProfile:
         raise NotImplementedError

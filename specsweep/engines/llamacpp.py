@@ -22,7 +22,7 @@ import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -128,6 +128,7 @@ def speculative(
 class LlamaCppSettings(EngineSettings):
     """The local llama.cpp target: tiny generated models (built on demand) or your own GGUF files."""
 
+    engine: Literal["llamacpp"] = Field("llamacpp", description="The engine these settings are for.")
     model_path: str | None = Field(None, description="Target GGUF; default the generated tiny model (in the user's cache).")
     draft_model_path: str | None = Field(None, description="Draft GGUF; default the generated tiny draft.")
     parallel: int = Field(8, ge=1, le=256, description="Server slots (-np): the most requests decoded together.")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -125,6 +125,7 @@ def eagle3(
 class SGLangSettings(EngineSettings):
     """An SGLang deployment: the target model, its EAGLE-3 draft, and where it listens."""
 
+    engine: Literal["sglang"] = Field("sglang", description="The engine these settings are for.")
     model_path: str = Field("moonshotai/Kimi-K2.5", description="Target model path or hub id on the GPU host.")
     draft_model_path: str = Field("lightseekorg/kimi-k2.5-eagle3", description="EAGLE-3 draft model path or hub id.")
     tp: int = Field(8, ge=1, le=64, description="Tensor parallel size (--tp).")

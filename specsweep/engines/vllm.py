@@ -139,6 +139,7 @@ def speculative(model: str, method: str, *, draft_model: str | None = None, k: i
 class VLLMSettings(EngineSettings):
     """A vLLM deployment: the target model, how it speculates (method, draft model, K), where it listens."""
 
+    engine: Literal["vllm"] = Field("vllm", description="The engine these settings are for.")
     model: str = Field(description="Target model path or hub id on the host (--model).", min_length=1)
     method: Literal["draft_model", "eagle3", "eagle", "ngram", "mtp"] = Field(
         "eagle3", description="Speculation method of the speculative configuration (--speculative-config method).")

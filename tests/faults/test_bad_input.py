@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from flows.benchmark_config import benchmark_config
-from flows.compare_speculation import compare_local_llamacpp, compare_sglang_eagle3, compare_speculation, compare_vllm
+from flows.compare_speculation import compare_engine, compare_speculation
 from flows.server_lifecycle import server_lifecycle
 from flows.sglang_benchmarks import baseline_benchmark, eagle3_benchmark
 from flows.tune_speculation import tune_speculation
@@ -95,26 +95,33 @@ FLOW_CASES: dict[str, tuple[Any, dict[str, Any], list[str]]] = {
                                       ["host", "ssh"]),
     "tp 0": (eagle3_benchmark, {"sglang": {"tp": 0}}, ["sglang.tp", "greater than or equal to 1"]),
     "steps as text": (baseline_benchmark, {"sglang": {"num_steps": "three"}}, ["sglang.num_steps", "valid integer"]),
-    "unknown sglang field": (compare_sglang_eagle3, {"sglang": {"speculative_algo": "EAGLE3"}},
-                             ["sglang.speculative_algo", "Extra inputs"]),
+    "unknown sglang field": (compare_engine, {"settings": {"engine": "sglang", "speculative_algo": "EAGLE3"}},
+                             ["settings.speculative_algo", "Extra inputs"]),
+    "settings without their engine": (compare_engine, {"settings": {"model_path": "/m/kimi"}},
+                                      ["settings", "engine is missing", "one of sglang, vllm, llamacpp"]),
+    "settings of an unknown engine": (compare_engine, {"settings": {"engine": "tensorrt-llm"}},
+                                      ["settings", "'tensorrt-llm' is not an engine specsweep knows"]),
     "repeats 0": (compare_speculation, {"baseline": profile(), "speculative": profile(name="spec"),
                                         "benchmark": {"sweep": {"repeats": 0}}},
                   ["benchmark.sweep.repeats", "greater than or equal to 1"]),
-    "llama.cpp slots 0": (compare_local_llamacpp, {"llamacpp": {"parallel": 0}},
-                          ["llamacpp.parallel", "greater than or equal to 1"]),
-    "vLLM EAGLE-3 without its draft": (compare_vllm, {"vllm": {"model": "/m/llama", "method": "eagle3"}},
-                                       ["vllm", "draft_model is required for method eagle3"]),
-    "vLLM method unknown": (compare_vllm, {"vllm": {"model": "/m/llama", "method": "medusa"}},
-                            ["vllm.method", "'eagle3'"]),
-    "vLLM K 0": (compare_vllm, {"vllm": {"model": "/m/llama", "method": "ngram", "num_speculative_tokens": 0}},
-                 ["vllm.num_speculative_tokens", "greater than or equal to 1"]),
+    "llama.cpp slots 0": (compare_engine, {"settings": {"engine": "llamacpp", "parallel": 0}},
+                          ["settings.parallel", "greater than or equal to 1"]),
+    "vLLM EAGLE-3 without its draft": (compare_engine, {"settings": {"engine": "vllm", "model": "/m/llama",
+                                                                     "method": "eagle3"}},
+                                       ["settings", "draft_model is required for method eagle3"]),
+    "vLLM method unknown": (compare_engine, {"settings": {"engine": "vllm", "model": "/m/llama", "method": "medusa"}},
+                            ["settings.method", "'eagle3'"]),
+    "vLLM K 0": (compare_engine, {"settings": {"engine": "vllm", "model": "/m/llama", "method": "ngram",
+                                               "num_speculative_tokens": 0}},
+                 ["settings.num_speculative_tokens", "greater than or equal to 1"]),
     "grid of another engine's field": (tune_speculation, {"grid": {"num_speculative_tokens": [1, 3]}},
                                        ["grid.num_speculative_tokens is not a llama.cpp speculation setting"]),
-    "grid point SGLang refuses": (tune_speculation, {"sglang": {"simulate": True}, "grid": {"num_steps": [2],
-                                                                                            "num_draft_tokens": [5]}},
+    "grid point SGLang refuses": (tune_speculation, {"settings": {"engine": "sglang", "simulate": True},
+                                                     "grid": {"num_steps": [2], "num_draft_tokens": [5]}},
                                   ["grid point steps2-draft5", "num_draft_tokens = num_steps + 1"]),
-    "grid over two engines": (tune_speculation, {"llamacpp": {}, "vllm": {"model": "/m", "method": "ngram"}},
-                              ["give the settings of one engine, not vllm and llamacpp"]),
+    "grid settings of the wrong engine": (tune_speculation, {"settings": {"engine": "llamacpp", "model": "/m",
+                                                                          "method": "ngram"}},
+                                          ["settings.model", "Extra inputs"]),
     "grid too large": (tune_speculation, {"grid": {"draft_max": list(range(1, 6)), "draft_min": [0, 1, 2, 3, 4]}},
                        ["the grid has 25 points (5 x 5); at most 24"]),
 }
