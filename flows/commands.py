@@ -27,10 +27,11 @@ from pydantic import ValidationError
 from specsweep import engines
 from specsweep.analysis.decision import DecisionConfig
 from specsweep.analysis.slo import SLO
-from specsweep.bench.config import WorkloadConfig
+from specsweep.bench.config import SearchRange, WorkloadConfig
 from specsweep.cli.app import HostGuard
 from specsweep.cli.options import (
     Budget,
+    BudgetMinutes,
     Dataset,
     Design,
     HostFile,
@@ -40,6 +41,7 @@ from specsweep.cli.options import (
     OutputLen,
     PromptsFile,
     Results,
+    Search,
     SloTpot,
     SloTtft,
     Temperatures,
@@ -58,6 +60,10 @@ from specsweep.reports.tables import print_comparison, print_tuning
 from specsweep.results import comparison_folder, tuning_folder
 
 _SWEEP, _WORKLOAD = LOCAL_BENCHMARK.sweep, LOCAL_BENCHMARK.workload
+#: The main job: a search over 1..16 streams, within 4 minutes of flow time (the verify stage included): with the
+#: set-up, about 5 minutes on this machine. Blocks of 6 requests (2 per slot from C=3 on) of up to 32 tokens: the
+#: distribution-free intervals need rounds more than long blocks, and a round at one stream is the slowest.
+MAIN_SEARCH, MAIN_BUDGET_MINUTES, MAIN_BLOCK, MAIN_OUTPUT_LEN = "1:16", 4.0, 6, 32
 T = TypeVar("T")
 _SWITCHING = ", ".join(e.label for e in engines.ENGINES.values() if not e.no_per_batch_switch)
 Engine = Annotated[Optional[str], typer.Option(
@@ -65,17 +71,26 @@ Engine = Annotated[Optional[str], typer.Option(
 
 
 def _benchmark(levels: str, num_prompts: int, output_len: int, results: str, dataset: str = "synthetic",
-               prompts_file: Path | None = None, temperatures: str | None = None) -> BenchmarkSettings:
+               prompts_file: Path | None = None, temperatures: str | None = None,
+               search: str | None = None) -> BenchmarkSettings:
+    temps = numbers(temperatures, float, "--temperatures") or []
     try:
         workload = WorkloadConfig.model_validate({**_WORKLOAD.model_dump(), "output_len": output_len,
                                                   "source": dataset, "prompts_file": prompts_file})
-        request = LOCAL_BENCHMARK.request.model_validate({**LOCAL_BENCHMARK.request.model_dump(),
-                                                         "temperatures": numbers(temperatures, float, "--temperatures")})
+        # One temperature is the comparison's own; several, a comparison at each.
+        request = LOCAL_BENCHMARK.request.model_validate({
+            **LOCAL_BENCHMARK.request.model_dump(), "temperature": temps[0] if len(temps) == 1 else 0.0,
+            "temperatures": temps if len(temps) > 1 else None})
+        span = SearchRange.parse(search) if search else None
     except ValidationError as exc:
-        raise ConfigError(describe_validation_error(exc, "--dataset/--prompts-file/--temperatures")) from None
+        raise ConfigError(describe_validation_error(exc, "--dataset/--prompts-file/--temperatures/--search")) from None
+    except ValueError as exc:
+        raise ConfigError(f"--search: {exc}") from None
     return LOCAL_BENCHMARK.model_copy(update={
+        # A search's blocks hold 2 requests per slot (the default), not the grid's 3: its rounds are many and short.
         "sweep": _SWEEP.model_copy(update={"concurrency": numbers(levels, int, "--concurrency"),
-                                           "num_requests": num_prompts}),
+                                           "num_requests": num_prompts, "search": span,
+                                           "requests_per_slot": 2 if span is not None else _SWEEP.requests_per_slot}),
         "workload": workload, "request": request, "results": results,
     })
 
@@ -99,12 +114,17 @@ def _print_comparison(result: Any, t0: float) -> None:
     typer.echo(f"Parquet data: {result.results}/runs, /levels, /requests (partitioned by run_id)")
     typer.echo(f"report and plots: {result.results}/{comparison_folder(comp.baseline_run_id, comp.speculative_run_id)}/")
     typer.echo(f"total time: {time.monotonic() - t0:.0f} s")
+    if comp.recommendation.status == "refuted":  # the engine ran the setting and it fell short: not one to deploy
+        typer.echo(comp.recommendation.decision, err=True)
+        raise typer.Exit(3)
 
 
 def _decision(design: str, margin: float, budget: int, ttft: float | None, tpot: float | None,
               **more: Any) -> DecisionConfig:
     if design not in ("alternate", "sequential"):
         raise ConfigError(f"--design must be alternate or sequential (got {design!r})")
+    if (minutes := more.get("budget_minutes")) is not None and minutes <= 0:
+        raise ConfigError(f"--budget-minutes must be a positive number of minutes (got {minutes:g})")
     for name, value in (("--slo-ttft-p99-ms", ttft), ("--slo-tpot-p99-ms", tpot)):
         if value is not None and value <= 0:
             raise ConfigError(f"{name} must be a positive number of milliseconds (got {value:g})")
@@ -115,14 +135,18 @@ def _decision(design: str, margin: float, budget: int, ttft: float | None, tpot:
 
 def compare_local(
     levels: Levels = ",".join(map(str, _SWEEP.concurrency)),
-    num_prompts: NumPrompts = _SWEEP.num_requests,
-    output_len: OutputLen = _WORKLOAD.output_len,
+    num_prompts: NumPrompts = MAIN_BLOCK,
+    output_len: OutputLen = MAIN_OUTPUT_LEN,
     dataset: Dataset = _WORKLOAD.source,
     prompts_file: PromptsFile = None,
     temperatures: Temperatures = None,
+    search: Search = MAIN_SEARCH,
+    budget_minutes: BudgetMinutes = MAIN_BUDGET_MINUTES,
     design: Design = LOCAL_DECISION.design,
     margin: Margin = LOCAL_DECISION.margin,
     max_requests_per_level: Budget = LOCAL_DECISION.max_requests_per_level,
+    verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Then run the setting (behind specsweep route) "
+                                         "against always on and always off.")] = True,
     slo_ttft: SloTtft = None,
     slo_tpot: SloTpot = None,
     results: Results = LOCAL_BENCHMARK.results,
@@ -134,8 +158,9 @@ def compare_local(
     setup_logging()
     t0 = time.monotonic()
     try:
-        decision = _decision(design, margin, max_requests_per_level, slo_ttft, slo_tpot)
-        benchmark = _benchmark(levels, num_prompts, output_len, results, dataset, prompts_file, temperatures)
+        decision = _decision(design, margin, max_requests_per_level, slo_ttft, slo_tpot, budget_minutes=budget_minutes,
+                             verify=verify)
+        benchmark = _benchmark(levels, num_prompts, output_len, results, dataset, prompts_file, temperatures, search)
         result = _run(compare_engine(settings=engines.local_settings(), benchmark=benchmark, decision=decision))
     except SpecsweepError as exc:
         fail(exc)
@@ -154,6 +179,8 @@ def compare_speculation(
     dataset: Dataset = "synthetic",
     prompts_file: PromptsFile = None,
     temperatures: Temperatures = None,
+    search: Search = None,
+    budget_minutes: BudgetMinutes = None,
     design: Design = LOCAL_DECISION.design,
     alternate_by: Annotated[str, typer.Option(help="side-by-side: the servers up at once; restart: one at a time, "
                                               "restarted per block (when they do not fit together).")]
@@ -177,10 +204,10 @@ def compare_speculation(
             raise ConfigError(f"--alternate-by must be side-by-side or restart (got {alternate_by!r})")
         chosen = _settings(engine, settings)
         decision = _decision(design, margin, max_requests_per_level, slo_ttft, slo_tpot, alternate_by=alternate_by,
-                             verify=verify)
+                             verify=verify, budget_minutes=budget_minutes)
         if verify:
             engines.check_verifiable(chosen.engine, "--verify")
-        benchmark = _benchmark(levels, num_prompts, output_len, results, dataset, prompts_file, temperatures)
+        benchmark = _benchmark(levels, num_prompts, output_len, results, dataset, prompts_file, temperatures, search)
         result = _run(compare_engine(settings=chosen, host=host_config(host_file), benchmark=benchmark,
                                      decision=decision))
     except SpecsweepError as exc:

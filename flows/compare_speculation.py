@@ -15,13 +15,17 @@ whatever finished (a finished baseline, finished levels).
 
 # No "from __future__ import annotations" here: Prefect builds the parameter schema and
 # validates runs from the real annotation objects of a flow's signature.
+import asyncio
+
 from prefect import get_run_logger
 from pydantic import BaseModel
 
 from specsweep import designs, engines
 from specsweep.analysis.compare import Comparison
 from specsweep.analysis.decision import DecisionConfig
+from specsweep.analysis.plan import plan
 from specsweep.engines import EngineSettingsParam
+from specsweep.errors import ConfigError
 from specsweep.hosts import HostConfig
 from specsweep.parameters import LOCAL_BENCHMARK, LOCAL_DECISION, BenchmarkSettings
 from specsweep.profiles import ProfileParams
@@ -31,6 +35,9 @@ from tasks.host import hold_host
 from tasks.results import compare_configurations, publish_configuration, publish_temperatures
 from tasks.run import ConfigurationResult, prepare_run
 from tasks.verify import verify_recommendation
+
+#: The share of the time budget a search may spend when the verify stage follows it (which gets the rest).
+SEARCH_SHARE = 0.65
 
 
 class ComparisonResult(BaseModel):
@@ -60,16 +67,27 @@ async def compare_speculation(baseline: ProfileParams, speculative: ProfileParam
         speculative = speculative.model_copy(update={"port": baseline.port + 1})  # both servers up at once
     if decision.verify:
         engines.check_verifiable(speculative.engine)
+    if benchmark.sweep.search is not None and decision.design != "alternate":
+        raise ConfigError("benchmark.sweep.search chooses levels a round at a time: set decision.design to alternate "
+                          "(the blocks of both configurations in turn)")
+    budget = designs.Budget(decision.budget_minutes)
     run = await prepare_run([baseline, speculative], host, benchmark, decision)
     sweep = benchmark.sweep
     async with hold_host(run.host, host.block) as h:  # one benchmark per host at a time
         base = await run.configuration(run.servers[0], h.label)
         spec = await run.configuration(run.servers[1], h.label)
+        planned = await asyncio.to_thread(
+            plan, run.store, [base.name, spec.name], [c.profile.masked_command() for c in (base, spec)], sweep,
+            decision, exclude=[base.job.run_id, spec.job.run_id],
+            restart=decision.design == "alternate" and decision.alternate_by == "restart")
+        logger.info("plan: %s", planned.words())
         base_rows, spec_rows = await designs.compare(ServerArm(run, h, base), ServerArm(run, h, spec), run.levels,
                                                      decision, sweep.num_requests,
-                                                     stop_at_saturation=sweep.stop_at_saturation)
+                                                     stop_at_saturation=sweep.stop_at_saturation, span=sweep.search,
+                                                     budget=budget.part(SEARCH_SHARE if decision.verify else 1.0),
+                                                     on_step=lambda s: logger.info("search: %s", s.why))
         comparison = await compare_configurations(base.job.run_id, spec.job.run_id, run.store, decision)
-        if decision.verify and await verify_recommendation(run, h, base, spec, comparison, decision):
+        if decision.verify and await verify_recommendation(run, h, base, spec, comparison, decision, budget):
             comparison = await compare_configurations(base.job.run_id, spec.job.run_id, run.store, decision)
     await publish_configuration(base.job, h.label, base_rows)
     await publish_configuration(spec.job, h.label, spec_rows)

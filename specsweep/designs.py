@@ -173,8 +173,13 @@ def _restarted(arm: Arm) -> Callable[[Block], Awaitable[BlockRow]]:
 
 
 async def compare(base: Arm, spec: Arm, points: Sequence[Level], decision: DecisionConfig, num_requests: int, *,
-                  stop_at_saturation: bool = False) -> tuple[list[BlockRow], list[BlockRow]]:
-    """A comparison's blocks, in the design its decision settings name."""
+                  stop_at_saturation: bool = False, span: SearchRange | None = None, budget: Budget | None = None,
+                  on_step: Callable[[Step], None] | None = None) -> tuple[list[BlockRow], list[BlockRow]]:
+    """A comparison's blocks, in the design its decision settings name; with ``span``, the levels found by search
+    (within ``budget``)."""
+    if span is not None:
+        return await search(base, spec, span, decision, num_requests, restart=decision.alternate_by == "restart",
+                            budget=budget, on_step=on_step)
     if decision.design == "sequential":
         base_rows, spec_rows = await sequential([base, spec], points, decision, num_requests,
                                                 stop_at_saturation=stop_at_saturation)
@@ -300,6 +305,13 @@ class Budget:
 
     def spent_s(self) -> float:
         return self.clock() - self.started
+
+    def part(self, share: float) -> Budget:
+        """The first ``share`` of this budget, from the same start (a stage that must leave time to the next)."""
+        part = Budget(None, self.clock)
+        part.started = self.started
+        part.seconds = None if self.seconds is None else self.seconds * share
+        return part
 
     def fits(self, cost_s: float, blocks: int = 2) -> bool:
         if self.seconds is None:

@@ -286,6 +286,22 @@ def carrying(setting: PerBatchSetting | None, rec: Recommendation) -> PerBatchSe
     return setting.model_copy(update={"status": rec.status, "worst_case_loss": rec.worst_case_loss})
 
 
+def refuted_if_short(comp: Comparison) -> Comparison:
+    """A setting the verify stage found short of a fixed policy beyond the margin at some level is refuted: its
+    status, its sentence and the engine's file say so (the file is kept, so that what ran can be read)."""
+    v = comp.verification
+    if v is None or v.status != "failed":
+        return comp
+    short = [lv for lv in v.levels if lv.result == "falls short"]
+    where = ", ".join(f"{lv.concurrency} (x{lv.ratio:.2f} of always {lv.better_fixed})" for lv in short)
+    rec = comp.recommendation.model_copy(update={
+        "status": "refuted",
+        "decision": f"Refuted: run by the engine, the setting fell short of a fixed policy at {where}. "
+                    f"{comp.recommendation.decision}"})
+    setting = comp.setting.model_copy(update={"status": "refuted"}) if comp.setting is not None else None
+    return comp.model_copy(update={"recommendation": rec, "setting": setting})
+
+
 def compare_runs(store: ResultsStore, baseline_run_id: str, speculative_run_id: str, *,
                  decision: DecisionConfig | None = None) -> Comparison:
     """Compare two runs from the store (the CLI's ``compare`` and the flows' comparison task). Without
@@ -338,6 +354,7 @@ def compare_runs(store: ResultsStore, baseline_run_id: str, speculative_run_id: 
     comp.notes += comp.traffic.notes
     comp = with_engine_setting(comp, engines.speculation_of(spec_run.command, spec_run.engine))
     comp.verification = verification_of(store, comp, decision, num_requests)
+    comp = refuted_if_short(comp)
     if decision.slo is not None:
         comp.slo = slo_view(decision.slo, *(requests_by_level(store.request_fields(rid, SLO_COLUMNS), rows)
                                             for rid, rows in ((baseline_run_id, base_rows),

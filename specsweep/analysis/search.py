@@ -97,7 +97,7 @@ def next_step(comp: Comparison | None, rounds: Mapping[int, int], decision: Deci
     """What the search measures next (module docstring). ``comp``: the comparison of what is measured so far
     (None before any level has the rounds for one); ``rounds``: the rounds that count at each measured level;
     ``most_levels``: the levels the intervals' confidence was split over (``max_levels``), never passed."""
-    for c in sorted(rounds):
+    for c in sorted(rounds, key=lambda c: (rounds[c], c)):  # the fewest rounds first: both ends early
         if rounds[c] < STEER_ROUNDS:
             return Step("round", c, f"C={c} has {rounds[c]} of the {STEER_ROUNDS} rounds that say whether speculation "
                         "is ahead there")
