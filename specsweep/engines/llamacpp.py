@@ -26,6 +26,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
+from specsweep.engines import flags as f
 from specsweep.engines.base import (
     Engine,
     EngineSettings,
@@ -170,7 +171,16 @@ class LlamaCpp(Engine):
     name = "llamacpp"
     label = "llama.cpp"
     launch_modules = ("specsweep.targets.llamacpp.launcher",)
-    env_names = ("LLAMA_*",)
+    programs = ("llama-server",)
+    env_names = ("LLAMA_API_KEY",)
+    flags = {"-m": f.model, "--host": f.address, "--port": f.port, "-np": f.integer(1, 256), "-c": f.integer(256, 1 << 24),
+             "-t": f.integer(1, 256), "--poll": f.integer(0, 100), "--metrics": None, "-md": f.model,
+             "--spec-type": f.choice("draft-simple", "ngram-simple", "ngram-mod", "none"),
+             "--spec-draft-n-max": f.integer(1, 64), "--spec-draft-n-min": f.integer(0, 64),
+             "--spec-draft-p-min": f.number(0, 1)}
+    file_flags = ("--chat-template-file", "--ssl-key-file", "--ssl-cert-file", "--lora", "--control-vector",
+                  "--grammar-file", "--json-schema-file", "--api-key-file", "--slot-save-path", "--path",
+                  "--log-file", "--media-path")
     settings = LlamaCppSettings
     grid_fields = {"draft_max": "dmax", "draft_min": "dmin", "draft_p_min": "pmin"}
     k_field = "draft_max"

@@ -250,6 +250,16 @@ POLICY_CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
     "working directory": ({"cwd": "/tmp/planted"}, {}, "profile.cwd: '/tmp/planted' is not a working directory"),
     "remote code": ({"argv": [sys.executable, TOY, "--port", "{port}", "--trust-remote-code"]}, {},
                     "--trust-remote-code is an argument this worker never passes"),
+    # the server's parser reads these as --trust-remote-code (vLLM: underscores; argparse: prefixes)
+    "underscored flag": ({"argv": [sys.executable, TOY, "--port", "{port}", "--trust_remote_code"]}, {},
+                         "--trust_remote_code (read by the server as --trust-remote-code) is an argument this worker"),
+    "abbreviated flag": ({"argv": [sys.executable, TOY, "--port", "{port}", "--trust-remote-cod"]}, {},
+                         "--trust-remote-cod (read by the server as --trust-remote-code) is an argument this worker"),
+    "a flag the policy does not name": (
+        {"argv": [sys.executable, TOY, "--port", "{port}", "--chat-template", "/root/.ssh/id_ed25519"]}, {},
+        "profile.argv: --chat-template is not a flag of any preset"),
+    "a private folder's variable": ({"private_tmp_env": ["LD_PRELOAD"]}, {},
+                                    "profile.env: LD_PRELOAD would make the server run"),
     "another host": ({}, {"ssh": True}, "host: '127.0.0.1' is not a host this worker may reach"),
     "host_python": ({}, {"load_generator": "host", "host_python": "/tmp/evil"},
                     "host.host_python: /tmp/evil -I -m specsweep.bench.remote... is not among the commands"),
@@ -264,7 +274,7 @@ async def test_the_workers_policy_refuses_what_it_does_not_allow_before_anything
     the rule and the file."""
     policy_file = tmp_path / "policy.toml"
     policy_file.write_text(f'hosts = ["local"]\ncommands = ["{sys.executable} {TOY}"]\nresults = ["{tmp_path}"]\n'
-                           'env = ["HF_TOKEN"]\n')
+                           'env = ["HF_TOKEN"]\nargs = {custom = ["--port"]}\n')
     monkeypatch.setenv("SPECSWEEP_POLICY", str(policy_file))
     fields, host_fields, needle = POLICY_CASES[case]
     host: dict[str, Any] = {}
@@ -285,7 +295,8 @@ async def test_the_workers_policy_refuses_what_it_does_not_allow_before_anything
 async def test_no_parameter_lifts_the_policy_and_no_results_root_escapes_it(tmp_path: Path,
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     policy_file = tmp_path / "policy.toml"
-    policy_file.write_text(f'commands = ["{sys.executable} {TOY}"]\nresults = ["{tmp_path}/results"]\n')
+    policy_file.write_text(f'commands = ["{sys.executable} {TOY}"]\nresults = ["{tmp_path}/results"]\n'
+                           'args = {custom = ["--port"]}\n')
     monkeypatch.setenv("SPECSWEEP_POLICY", str(policy_file))
     lifted = await benchmark_config(profile=profile(), host={"allowed_commands": None}, return_state=True,  # type: ignore[arg-type]
                                     benchmark={"results": str(tmp_path / "results")})  # type: ignore[arg-type]
