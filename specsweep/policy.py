@@ -23,6 +23,10 @@ A file the administrator wrote must hold rules: an empty one is an error.
     cwd = ["/srv/models"]                              # working directories (and below) a profile may enter
     env = ["CUDA_VISIBLE_DEVICES", "NCCL_*"]           # environment names a profile may set (fnmatch)
     results = ["/srv/bench-results", "s3://bench/"]    # results roots (and below)
+    endpoints = ["http://minio.lab.example:9000"]      # results blocks' endpoint_url (fnmatch); default none
+    targets = ["127.0.0.1", "::1", "localhost"]        # where tunnels and requests go on a host (the default)
+    read = ["/srv/prompts", "/srv/models"]             # prompt files and tokenizers (and below)
+    read_max_bytes = 536870912                         # the largest file read for a run
     forbidden_args = ["--trust-remote-code"]           # arguments no command may carry, in any spelling
 
 A launch command's arguments (after the words of its ``commands`` rule) are read as its engine's parser reads
@@ -84,6 +88,14 @@ FILE_LIKE_ENV = ("*PATH*", "*FILE*", "*CONFIG*", "*CONF", "*PLUGIN*", "*MODULE*"
                  "*HOME*", "*PRELOAD*", "*LIBRARY*", "*CLASS*", "*CLS*", "*SCRIPT*", "*TEMPLATE*", "*CERT*", "*KEY_*")
 
 
+def _home() -> Path:
+    """The worker user's home as the password database says (a run's environment can set $HOME)."""
+    try:
+        return Path(pwd.getpwuid(os.getuid()).pw_dir)
+    except KeyError:
+        return Path("/nonexistent")
+
+
 def _default_commands() -> list[str]:
     """The engines' presets: specsweep's own modules under this interpreter (or the checkout's .venv, relative
     to the worker's directory, which no profile may leave without a ``cwd`` rule), an engine's under python."""
@@ -128,6 +140,10 @@ class Policy(BaseModel):
         "NCCL_*", "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM", "PYTHONUNBUFFERED",
         *(name for engine in engines.ENGINES.values() for name in engine.env_names)])
     results: list[str] = Field(default_factory=lambda: [str(REPO_ROOT / "data" / "results")])
+    endpoints: list[str] = Field(default_factory=list)
+    targets: list[str] = Field(default_factory=lambda: ["127.0.0.1", "::1", "localhost"])
+    read: list[str] = Field(default_factory=lambda: [str(REPO_ROOT / "data"), str(_home() / ".cache" / "specsweep")])
+    read_max_bytes: int = Field(512 << 20, ge=0)
     forbidden_args: list[str] = Field(default_factory=lambda: sorted(
         {flag for engine in engines.ENGINES.values() for flag in engine.code_flags}))
     source: str = Field("the built-in local default", description="Where the policy was read from.")
@@ -220,6 +236,38 @@ class Policy(BaseModel):
                 raise self._refuse(field, f"{name} names a file the server reads ({value[:80]!r}), outside the "
                                    "folders this worker's servers may read", "arg_files")
 
+    def check_target(self, address: str, what: str) -> None:
+        """An address on (or seen from) the host that requests or a tunnel go to."""
+        if not any(fnmatch.fnmatchcase(address.strip("[]"), p) for p in self.targets):
+            raise self._refuse(what, f"{address!r} is not an address this worker sends requests or tunnels to",
+                               "targets")
+
+    def check_endpoint(self, url: str, what: str) -> None:
+        """A results store's endpoint (an S3-compatible server): named by the policy, as its results roots are."""
+        shown = public_url(url)
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or "@" in parts.netloc or parts.query or parts.fragment:
+            raise ConfigError(f"{what}: {shown!r} is not a bare http(s) URL of a store: give scheme, host and port")
+        if not any(fnmatch.fnmatchcase(url.rstrip("/"), p.rstrip("/")) for p in self.endpoints):
+            raise self._refuse(what, f"{shown!r} is not a results endpoint this worker may send its keys and results "
+                               "to", "endpoints")
+
+    def check_read(self, path: str | os.PathLike[str], what: str, *, folder: bool = False) -> None:
+        """A file the worker reads for a run (prompts, a tokenizer; ``folder``: or a folder holding one): inside a
+        ``read`` root once links are resolved, a regular file, at most ``read_max_bytes``."""
+        text = os.fspath(path)
+        if not _inside(text, self.read):
+            raise self._refuse(what, f"{text!r} is not inside a folder this worker reads prompts and tokenizers from",
+                               "read")
+        real = Path(os.path.realpath(os.path.expanduser(text)))
+        if folder and real.is_dir():
+            return
+        if real.exists() and not real.is_file():  # /dev/zero, a FIFO: reads without end
+            raise self._refuse(what, f"{text!r} is not a regular file", "read")
+        if real.is_file() and real.stat().st_size > self.read_max_bytes:
+            raise self._refuse(what, f"{text!r} holds {real.stat().st_size} bytes, more than this worker reads",
+                               "read_max_bytes")
+
     def check_results(self, root: str, what: str = "benchmark.results") -> None:
         """A results root: a path or URL inside one the policy names (no '..' to climb out; a URL with no
         credentials and no query, where options such as another endpoint would ride)."""
@@ -263,11 +311,7 @@ def policy_file() -> Path | None:
             raise ConfigError(f"the worker's policy file {file} ({POLICY_ENV}) does not exist: create it or unset "
                               f"{POLICY_ENV}")
         return file
-    try:
-        home = Path(pwd.getpwuid(os.getuid()).pw_dir)  # not $HOME, which a run's environment sets
-    except KeyError:
-        return None
-    return home / USER_FILE if (home / USER_FILE).exists() else None
+    return _home() / USER_FILE if (_home() / USER_FILE).exists() else None
 
 
 def load(path: str | None = None) -> Policy:

@@ -25,6 +25,7 @@ from pydantic import Field, SecretStr
 from specsweep import policy
 from specsweep.errors import ConfigError
 from specsweep.hosts.config import HostConfig, SSHEndpoint, SSHLogin
+from specsweep.hosts.tunnel import forward_target
 from specsweep.profiles import ProfileParams, ServerProfile
 from specsweep.results import ResultsLocation
 
@@ -108,8 +109,11 @@ def check_allowed(host: HostConfig, profiles: list[ServerProfile]) -> None:
     if host.jump is not None:
         rules.check_host(host.jump.hostname, "host.jump")
     for i, profile in enumerate(profiles):
-        rules.check_launch(profile.argv, profile.env_names(), profile.cwd,
-                           f"profiles[{i}]" if len(profiles) > 1 else "profile")
+        field = f"profiles[{i}]" if len(profiles) > 1 else "profile"
+        rules.check_launch(profile.argv, profile.env_names(), profile.cwd, field)
+        rules.check_target(forward_target(profile.host), f"{field}.host")
+    if host.traffic_mode == "direct" and not (host.ssh is not None and host.address == host.ssh.hostname):
+        rules.check_target(host.address, "host.http_address")
     if host.load_generator == "host":
         rules.check_launch([host.host_python, "-I", "-m", "specsweep.bench.remote"], {}, None, "host",
                            argv_field="host.host_python")
@@ -247,6 +251,10 @@ async def aresolve_results(results: str, results_block: str | None) -> ResultsLo
     if not isinstance(block, ResultsBlock):
         raise ConfigError(f"benchmark.results_block {results_block!r} is a {type(block).__name__}, not a "
                           "specsweep-results block")
-    # A block is no more trusted than a parameter (anyone who can reach a Prefect OSS server can write one).
-    policy.load().check_results(block.url, f"benchmark.results_block {results_block!r}")
+    # A block is no more trusted than a parameter (anyone who can reach a Prefect OSS server can write one): its
+    # endpoint is where the worker's keys sign requests and its results go, so it is checked as its URL is.
+    rules = policy.load()
+    rules.check_results(block.url, f"benchmark.results_block {results_block!r}")
+    if block.endpoint_url:
+        rules.check_endpoint(block.endpoint_url, f"benchmark.results_block {results_block!r}.endpoint_url")
     return block.location()
