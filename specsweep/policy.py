@@ -27,6 +27,8 @@ A file the administrator wrote must hold rules: an empty one is an error.
     targets = ["127.0.0.1", "::1", "localhost"]        # where tunnels and requests go on a host (the default)
     read = ["/srv/prompts", "/srv/models"]             # prompt files and tokenizers (and below)
     read_max_bytes = 536870912                         # the largest file read for a run
+    ssh_files = []                                     # key_path / known_hosts files a run may name (default none)
+    accept_unknown_host_keys = false                   # may a run (or a block) trust a host key not seen before
     forbidden_args = ["--trust-remote-code"]           # arguments no command may carry, in any spelling
 
 A launch command's arguments (after the words of its ``commands`` rule) are read as its engine's parser reads
@@ -144,6 +146,8 @@ class Policy(BaseModel):
     targets: list[str] = Field(default_factory=lambda: ["127.0.0.1", "::1", "localhost"])
     read: list[str] = Field(default_factory=lambda: [str(REPO_ROOT / "data"), str(_home() / ".cache" / "specsweep")])
     read_max_bytes: int = Field(512 << 20, ge=0)
+    ssh_files: list[str] = Field(default_factory=list)
+    accept_unknown_host_keys: bool = False
     forbidden_args: list[str] = Field(default_factory=lambda: sorted(
         {flag for engine in engines.ENGINES.values() for flag in engine.code_flags}))
     source: str = Field("the built-in local default", description="Where the policy was read from.")
@@ -267,6 +271,19 @@ class Policy(BaseModel):
         if real.is_file() and real.stat().st_size > self.read_max_bytes:
             raise self._refuse(what, f"{text!r} holds {real.stat().st_size} bytes, more than this worker reads",
                                "read_max_bytes")
+
+    def check_ssh_trust(self, *, key_path: str | os.PathLike[str] | None, known_hosts: str | os.PathLike[str] | None,
+                        accept_unknown: bool, what: str) -> None:
+        """What a run (or a block anyone with API access can edit) says of an SSH login's trust: a key file and a
+        known_hosts file on the worker only inside ``ssh_files``; trusting an unknown host key only where
+        ``accept_unknown_host_keys`` allows it."""
+        for field, path in (("key_path", key_path), ("known_hosts", known_hosts)):
+            if path is not None and not _inside(os.fspath(path), self.ssh_files):
+                raise self._refuse(f"{what}.{field}", f"{os.fspath(path)!r} is not a file a run may name (save the "
+                                   "host as an ssh-host block with its key and known_hosts lines)", "ssh_files")
+        if accept_unknown and not self.accept_unknown_host_keys:
+            raise self._refuse(f"{what}.accept_unknown_host_key", "a run may not trust a host key it has not seen: "
+                               "add the host's key to known_hosts", "accept_unknown_host_keys")
 
     def check_results(self, root: str, what: str = "benchmark.results") -> None:
         """A results root: a path or URL inside one the policy names (no '..' to climb out; a URL with no

@@ -119,6 +119,19 @@ def check_allowed(host: HostConfig, profiles: list[ServerProfile]) -> None:
                            argv_field="host.host_python")
 
 
+def check_trust(host: HostConfig, block: SSHHostBlock | None = None) -> None:
+    """The SSH trust a run's parameters (or an ssh-host block, which anyone with API access can edit) ask for,
+    before anything connects: key and known_hosts files and trusting unknown host keys, as the policy allows."""
+    rules = policy.load()
+    for side in ("ssh", "jump"):
+        if (ep := getattr(host, side)) is not None:
+            rules.check_ssh_trust(key_path=ep.key_path, known_hosts=ep.known_hosts,
+                                  accept_unknown=ep.accept_unknown_host_key, what=f"host.{side}")
+    if block is not None:
+        rules.check_ssh_trust(key_path=None, known_hosts=block.known_hosts_path,
+                              accept_unknown=block.accept_unknown_host_key, what=f"ssh-host block {host.block!r}")
+
+
 def resolve_host(host: HostConfig) -> HostConfig:
     """The host a flow runs on: the saved ssh-host block it names, else the host as given, its key and
     passphrase read from the Secret blocks it names."""
@@ -129,8 +142,12 @@ def resolve_host(host: HostConfig) -> HostConfig:
 
 
 async def aresolve_host(host: HostConfig) -> HostConfig:
+    """``resolve_host`` for flows, with the SSH trust it asks for checked against the worker's policy."""
     if host.block:
-        return _ssh_block(await SSHHostBlock.aload(host.block), host.block).host_config(host)
+        block = _ssh_block(await SSHHostBlock.aload(host.block), host.block)
+        check_trust(host, block)
+        return block.host_config(host)
+    check_trust(host)
     return _with_secrets(host, {name: await aresolve_secret(name, field) or "" for name, field in _secret_names(host)})
 
 
@@ -161,18 +178,6 @@ def _load_secret(name: str, field: str) -> object:
         return Secret.load(name)
     except ValueError as exc:
         raise ConfigError(f"{field}: there is no Prefect Secret block named {name!r} ({exc})") from None
-
-
-async def record_host_keys(name: str, lines: list[str]) -> list[str]:
-    """Keep host keys a run trusted (accept_unknown_host_key) in the ssh-host block it named, so that
-    later runs check the host against them (a changed key is then refused). The lines added."""
-    block = _ssh_block(await SSHHostBlock.aload(name), name)
-    known = [ln.strip() for ln in (block.known_hosts or "").splitlines() if ln.strip()]
-    added = [ln for ln in lines if ln not in known]
-    if added:
-        block.known_hosts = "\n".join([*known, *added]) + "\n"
-        await block.asave(name, overwrite=True)
-    return added
 
 
 def _ssh_block(block: object, name: str) -> SSHHostBlock:

@@ -280,7 +280,7 @@ async def test_the_workers_policy_refuses_what_it_does_not_allow_before_anything
     the rule and the file."""
     policy_file = tmp_path / "policy.toml"
     policy_file.write_text(f'hosts = ["local"]\ncommands = ["{sys.executable} {TOY}"]\nresults = ["{tmp_path}"]\n'
-                           'env = ["HF_TOKEN"]\nargs = {custom = ["--port"]}\n')
+                           f'env = ["HF_TOKEN"]\nargs = {{custom = ["--port"]}}\nssh_files = ["{tmp_path}"]\n')
     monkeypatch.setenv("SPECSWEEP_POLICY", str(policy_file))
     fields, host_fields, needle = POLICY_CASES[case]
     host: dict[str, Any] = {}
@@ -365,3 +365,27 @@ async def test_a_results_block_pointing_at_a_strangers_store_is_refused(tripwire
     assert f"'stranger-store'.endpoint_url: 'http://127.0.0.1:{tripwire.port}' is not a results endpoint" in (
         state.message or ""), state.message
     assert "rule 'endpoints'" in (state.message or "") and tripwire.connections == before
+
+
+async def test_a_run_chooses_no_ssh_trust_the_policy_does_not_give(tripwire: Tripwire, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """key_path, known_hosts and accept_unknown_host_key came from run parameters or editable block fields: a
+    run named the worker's files and trusted any host key. Refused before the host is reached."""
+    from tasks.blocks import SSHHostBlock
+
+    policy_file = tmp_path / "policy.toml"
+    policy_file.write_text(f'hosts = ["127.0.0.1"]\ncommands = ["{sys.executable} {TOY}"]\n'
+                           f'results = ["{tmp_path}"]\nargs = {{custom = ["--port"]}}\n')
+    monkeypatch.setenv("SPECSWEEP_POLICY", str(policy_file))
+    host = tripwire_host(tripwire, tmp_path)
+    trusting = {**host, "ssh": {**host["ssh"], "key_path": None, "accept_unknown_host_key": True}}
+    await SSHHostBlock(hostname="127.0.0.1", port=tripwire.port, accept_unknown_host_key=True).asave(
+        "trusting", overwrite=True)
+    before = tripwire.connections
+    for given, needle in ((host, "host.ssh.key_path: "),
+                          (trusting, "host.ssh.accept_unknown_host_key: a run may not trust a host key"),
+                          ({"block": "trusting"}, "ssh-host block 'trusting'.accept_unknown_host_key")):
+        state = await benchmark_config(profile=profile(), host=given, return_state=True,  # type: ignore[arg-type]
+                                       benchmark={"results": str(tmp_path / "results")})  # type: ignore[arg-type]
+        assert state.is_failed() and needle in (state.message or ""), state.message
+    assert tripwire.connections == before, "the host was touched"
