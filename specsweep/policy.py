@@ -291,6 +291,9 @@ class Policy(BaseModel):
         shown = public_url(root)
         if ".." in PurePosixPath(root.split("://", 1)[-1]).parts:
             raise ConfigError(f"{what}: {shown!r} climbs out of its folder ('..'): give the root itself")
+        if root.startswith("file://") and urlsplit(root).netloc not in ("", "localhost"):
+            raise ConfigError(f"{what}: {shown!r} names a host ({urlsplit(root).netloc!r}) in a file:// URL, which "
+                              "is opened as another path than it reads: give file:///absolute/path or the path")
         if "://" in root and (urlsplit(root).query or urlsplit(root).fragment or "@" in urlsplit(root).netloc):
             raise ConfigError(f"{what}: {shown!r} carries credentials or options in its URL: give the bare URL, and "
                               "the store's endpoint and keys in a specsweep-results block (its Secret fields)")
@@ -303,7 +306,7 @@ def _inside(path: str, roots: Sequence[str]) -> bool:
     def norm(p: str) -> str:
         if "://" in p and not p.startswith("file://"):
             return p.rstrip("/")
-        local = p.removeprefix("file://")
+        local = urlsplit(p).path if p.startswith("file://") else p  # as Location.open reads it
         return os.path.realpath(os.path.expanduser(local))
 
     target = norm(path)
