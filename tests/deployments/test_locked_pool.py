@@ -8,13 +8,15 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 from uuid import UUID
 
 import pytest
 from prefect.client.orchestration import get_client
-from prefect.exceptions import PrefectHTTPStatusError
+from prefect.client.schemas.actions import DeploymentUpdate
+from prefect.exceptions import ObjectNotFound, PrefectHTTPStatusError
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from tests.helpers.prefect_server import PREFECT, REPO, prefect_cli, prefect_server
@@ -76,3 +78,63 @@ async def test_a_runs_job_variables_choose_nothing_on_the_locked_pool(tmp_path: 
             assert seen["PWNED"] is None and seen["SPECSWEEP_POLICY"] != "/dev/null"
             assert seen["cwd"] != str(tmp_path)
         assert not planted.exists()
+
+
+async def _plant_pull_step(name: str, planted: Path) -> None:
+    """What any API user may do: PATCH a deployment's pull steps to run a shell script."""
+    async with get_client() as client:
+        deployment = await client.read_deployment_by_name(name)
+        await client.update_deployment(deployment.id, DeploymentUpdate(pull_steps=[
+            {"prefect.deployments.steps.run_shell_script": {"script": f"touch {planted}"}}]))
+
+
+@pytest.mark.timeout(600)
+async def test_served_flows_run_no_pull_steps_and_no_job_variables(tmp_path: Path) -> None:
+    """The documented way on shared infrastructure: a served deployment whose pull steps an API user edited, run
+    with job variables, runs the flow as served and nothing else. The locked pool still runs the edited pull step
+    (what docs/operations.md says it gives away)."""
+    with prefect_server(tmp_path / "home") as env, temporary_settings({PREFECT_API_URL: env["PREFECT_API_URL"]}):
+        result = prefect_cli(env, "work-pool", "create", "locked", "--type", "process", "--base-job-template",
+                             str(REPO / "deployments" / "work-pool.json"))
+        assert result.returncode == 0, result.stderr
+        result = prefect_cli(env, "--no-prompt", "deploy", ENTRYPOINT, "--name", "locked", "--pool", "locked")
+        assert result.returncode == 0, result.stderr
+        planted = tmp_path / "planted-pull-locked"
+        await _plant_pull_step("report-env/locked", planted)
+        async with get_client() as client:
+            deployment = await client.read_deployment_by_name("report-env/locked")
+            run = await client.create_flow_run_from_deployment(deployment.id, parameters={"out": str(tmp_path / "x")})
+        subprocess.run([PREFECT, "worker", "start", "--pool", "locked", "--run-once"], env=env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=180)
+        await _final_state(run.id)
+        assert planted.exists(), "the locked pool ran no pull step: docs/operations.md says it does"
+
+        log = open(tmp_path / "serve.log", "wb")  # noqa: SIM115
+        served = subprocess.Popen([sys.executable, str(REPO / "tests" / "helpers" / "serve_env_flow.py")], env=env,
+                                  cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            async with get_client() as client:
+                deadline = time.monotonic() + 60
+                while True:
+                    try:
+                        deployment = await client.read_deployment_by_name("report-env/served")
+                        break
+                    except ObjectNotFound:
+                        assert time.monotonic() < deadline, (tmp_path / "serve.log").read_text()[-2000:]
+                        await asyncio.sleep(0.5)
+            planted, out = tmp_path / "planted-pull-served", tmp_path / "out-served.json"
+            await _plant_pull_step("report-env/served", planted)
+            async with get_client() as client:
+                run = await client.create_flow_run_from_deployment(
+                    deployment.id, parameters={"out": str(out)},
+                    job_variables={"command": f"touch {planted}", "env": {"PWNED": "1"}})
+            assert await _final_state(run.id) == "Completed", (tmp_path / "serve.log").read_text()[-2000:]
+            assert not planted.exists(), "a served flow ran the API user's pull step or command"
+            assert json.loads(out.read_text())["PWNED"] is None
+        finally:
+            served.terminate()
+            try:
+                served.wait(20)
+            except subprocess.TimeoutExpired:
+                served.kill()
+            log.close()
