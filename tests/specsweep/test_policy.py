@@ -189,3 +189,19 @@ def test_forwarded_server_log_lines_are_few_and_short(tmp_path: Path) -> None:
     assert len(seen) == health.FORWARD_LINES + 1 and "no more of the server's log" in seen[-1]
     assert max(len(s) for s in seen) < health.FORWARD_LINE_CHARS + 60
     assert all(len(line) < 500 for line in LocalHost().tail(str(log), 5).splitlines())
+
+
+def test_the_simulator_creates_its_once_file_only_in_its_own_folders(tmp_path: Path) -> None:
+    """One run's --fault-once-file created ~/.config/specsweep/policy.toml, and every later run on that worker
+    failed. The simulator now refuses a once-file outside the temporary folder and ~/.specsweep, and creates
+    nothing there."""
+    target = Path("/var/lib/specsweep-test-once-file")  # not under /tmp nor ~/.specsweep
+    proc = subprocess.run([sys.executable, "-m", "specsweep.targets.sim", "--port", "1", "--fault-once-file",
+                           str(target)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "--fault-once-file" in proc.stderr, proc.stderr
+    assert not target.exists()
+    link = tmp_path / "escape"
+    link.symlink_to("/var/lib")
+    proc = subprocess.run([sys.executable, "-m", "specsweep.targets.sim", "--port", "1", "--fault-once-file",
+                           str(link / "x")], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "--fault-once-file" in proc.stderr
