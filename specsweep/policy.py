@@ -29,6 +29,7 @@ A file the administrator wrote must hold rules: an empty one is an error.
     read_max_bytes = 536870912                         # the largest file read for a run
     ssh_files = []                                     # key_path / known_hosts files a run may name (default none)
     accept_unknown_host_keys = false                   # may a run (or a block) trust a host key not seen before
+    deployments = ["compare-speculation/*"]            # what deployments/serve.py serves (default: all of them)
     forbidden_args = ["--trust-remote-code"]           # arguments no command may carry, in any spelling
 
 A launch command's arguments (after the words of its ``commands`` rule) are read as its engine's parser reads
@@ -147,6 +148,7 @@ class Policy(BaseModel):
     read: list[str] = Field(default_factory=lambda: [str(REPO_ROOT / "data"), str(_home() / ".cache" / "specsweep")])
     read_max_bytes: int = Field(512 << 20, ge=0)
     ssh_files: list[str] = Field(default_factory=list)
+    deployments: list[str] = Field(default_factory=lambda: ["*"])
     accept_unknown_host_keys: bool = False
     forbidden_args: list[str] = Field(default_factory=lambda: sorted(
         {flag for engine in engines.ENGINES.values() for flag in engine.code_flags}))
@@ -284,6 +286,10 @@ class Policy(BaseModel):
         if accept_unknown and not self.accept_unknown_host_keys:
             raise self._refuse(f"{what}.accept_unknown_host_key", "a run may not trust a host key it has not seen: "
                                "add the host's key to known_hosts", "accept_unknown_host_keys")
+
+    def serves(self, deployment: str) -> bool:
+        """A deployment ("flow-name/deployment-name") this worker serves (``deployments/serve.py``)."""
+        return any(fnmatch.fnmatchcase(deployment, p) for p in self.deployments)
 
     def check_results(self, root: str, what: str = "benchmark.results") -> None:
         """A results root: a path or URL inside one the policy names (no '..' to climb out; a URL with no

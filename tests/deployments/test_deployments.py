@@ -193,3 +193,18 @@ async def test_serve_builds_the_same_deployments_as_prefect_yaml() -> None:
         assert served[d["name"]].entrypoint == d["entrypoint"]
         assert served[d["name"]].parameters == (d.get("parameters") or {})
         assert all(not s.active for s in served[d["name"]].schedules)
+
+
+async def test_serve_serves_only_the_deployments_the_workers_policy_names(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    sys.path.insert(0, str(REPO / "deployments"))
+    import serve  # type: ignore[import-not-found]
+
+    every = await serve.deployments()
+    chosen = every[0]
+    policy_file = tmp_path / "policy.toml"
+    policy_file.write_text(f'deployments = ["{chosen.flow_name}/{chosen.name}"]\n')
+    monkeypatch.setenv("SPECSWEEP_POLICY", str(policy_file))
+    assert [(d.flow_name, d.name) for d in await serve.deployments()] == [(chosen.flow_name, chosen.name)]
