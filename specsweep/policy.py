@@ -17,7 +17,8 @@ A file the administrator wrote must hold rules: an empty one is an error.
     hosts = ["local", "gpu-*.lab.example"]            # "local" and SSH host names (jump hosts too), fnmatch
     commands = ["/opt/serving/bin/python -m my_engine.server"]   # what a launch command must start with
                                                        # (word by word; a word may be a shell-style pattern)
-    args = {custom = ["--workers"]}                    # flags beyond the presets', per engine name
+    args = {custom = ["--verbose", "--workers="]}      # flags beyond the presets', per engine name ("=": takes
+                                                       # a value; without: a switch)
                                                        # ("custom": a command of no engine specsweep knows)
     arg_files = ["/srv/templates"]                     # folders a file-valued flag may name (chat templates ...)
     cwd = ["/srv/models"]                              # working directories (and below) a profile may enter
@@ -230,12 +231,18 @@ class Policy(BaseModel):
                 if (why := check(value)) is not None:
                     raise self._refuse(field, f"{name} {value[:80]!r}: {why}", f"the {kind} flags")
                 continue
-            if not any(fnmatch.fnmatchcase(canon, p) for p in named):
+            # "--flag=" in the policy: a flag that takes a value; "--flag": a switch (a word after it is one of
+            # the command's own, which a server may read as a positional argument: refused above).
+            valued = any(p == "*" or (p.endswith("=") and fnmatch.fnmatchcase(canon, p[:-1])) for p in named)
+            if not valued and not any(fnmatch.fnmatchcase(canon, p) for p in named):
                 presets = f"specsweep's {kind} presets" if engine else \
                     "any preset (the command starts no engine specsweep knows)"
                 raise self._refuse(field, f"{name} is not a flag of {presets} and the policy does not name it (a flag "
                                    "passes in its exact spelling only)", f"args.{kind}")
-            if not eq and nxt is not None and not nxt.startswith("-"):
+            if eq and not valued:
+                raise self._refuse(field, f"{name} takes no value here (the policy names it as a switch: "
+                                   f"'{canon}=' would take one)", f"args.{kind}")
+            if not eq and valued and nxt is not None and not nxt.startswith("-"):
                 value, eq, i = nxt, "=", i + 1
             i += 1
             if any(engine_flags.abbreviates(canon, f) for f in files) and not (eq and _inside(value, self.arg_files)):

@@ -280,7 +280,7 @@ async def test_the_workers_policy_refuses_what_it_does_not_allow_before_anything
     the rule and the file."""
     policy_file = tmp_path / "policy.toml"
     policy_file.write_text(f'hosts = ["local"]\ncommands = ["{sys.executable} {TOY}"]\nresults = ["{tmp_path}"]\n'
-                           f'env = ["HF_TOKEN"]\nargs = {{custom = ["--port"]}}\nssh_files = ["{tmp_path}"]\n')
+                           f'env = ["HF_TOKEN"]\nargs = {{custom = ["--port="]}}\nssh_files = ["{tmp_path}"]\n')
     monkeypatch.setenv("SPECSWEEP_POLICY", str(policy_file))
     fields, host_fields, needle = POLICY_CASES[case]
     host: dict[str, Any] = {}
@@ -303,7 +303,7 @@ async def test_no_parameter_lifts_the_policy_and_no_results_root_escapes_it(tmp_
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     policy_file = tmp_path / "policy.toml"
     policy_file.write_text(f'commands = ["{sys.executable} {TOY}"]\nresults = ["{tmp_path}/results"]\n'
-                           'args = {custom = ["--port"]}\n')
+                           'args = {custom = ["--port="]}\n')
     monkeypatch.setenv("SPECSWEEP_POLICY", str(policy_file))
     lifted = await benchmark_config(profile=profile(), host={"allowed_commands": None}, return_state=True,  # type: ignore[arg-type]
                                     benchmark={"results": str(tmp_path / "results")})  # type: ignore[arg-type]
@@ -329,7 +329,7 @@ async def test_files_the_worker_reads_stay_in_the_policys_folders_and_size(tmp_p
     prompts.write_text('{"prompt": "hello"}\n' * 100)
     policy_file = tmp_path / "policy.toml"
     policy_file.write_text(f'commands = ["{sys.executable} {TOY}"]\nresults = ["{tmp_path}/results"]\n'
-                           f'args = {{custom = ["--port"]}}\nread = ["{tmp_path}/prompts", "/dev"]\n'
+                           f'args = {{custom = ["--port="]}}\nread = ["{tmp_path}/prompts", "/dev"]\n'
                            "read_max_bytes = 1024\n")
     monkeypatch.setenv("SPECSWEEP_POLICY", str(policy_file))
     cases = [({"source": "file", "prompts_file": "/etc/hostname"},
@@ -354,7 +354,7 @@ async def test_a_results_block_pointing_at_a_strangers_store_is_refused(tripwire
 
     policy_file = tmp_path / "policy.toml"
     policy_file.write_text(f'commands = ["{sys.executable} {TOY}"]\nresults = ["s3://specsweep-results"]\n'
-                           'args = {custom = ["--port"]}\nendpoints = ["http://minio.lab.example:9000"]\n')
+                           'args = {custom = ["--port="]}\nendpoints = ["http://minio.lab.example:9000"]\n')
     monkeypatch.setenv("SPECSWEEP_POLICY", str(policy_file))
     await ResultsBlock(url="s3://specsweep-results/x", endpoint_url=f"http://127.0.0.1:{tripwire.port}").asave(
         "stranger-store", overwrite=True)
@@ -375,7 +375,7 @@ async def test_a_run_chooses_no_ssh_trust_the_policy_does_not_give(tripwire: Tri
 
     policy_file = tmp_path / "policy.toml"
     policy_file.write_text(f'hosts = ["127.0.0.1"]\ncommands = ["{sys.executable} {TOY}"]\n'
-                           f'results = ["{tmp_path}"]\nargs = {{custom = ["--port"]}}\n')
+                           f'results = ["{tmp_path}"]\nargs = {{custom = ["--port="]}}\n')
     monkeypatch.setenv("SPECSWEEP_POLICY", str(policy_file))
     host = tripwire_host(tripwire, tmp_path)
     trusting = {**host, "ssh": {**host["ssh"], "key_path": None, "accept_unknown_host_key": True}}

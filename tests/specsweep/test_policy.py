@@ -95,14 +95,17 @@ def test_vllms_own_parser_takes_what_the_policy_refuses() -> None:
     for flag, path in (("--chat-template", "/root/.ssh/id_ed25519"), ("--tool-parser-plugin", "/tmp/evil.py")):
         assert f"{flag} is not a flag of specsweep's vllm presets" in refusal(rules, [*VLLM, flag, path])
         # named by the administrator, it still reads only inside the folders the policy names
-        named = rules.model_copy(update={"args": {"vllm": [flag]}, "arg_files": ["/srv/templates"]})
+        named = rules.model_copy(update={"args": {"vllm": [f"{flag}="]}, "arg_files": ["/srv/templates"]})
         assert "rule 'arg_files'" in refusal(named, [*VLLM, f"{flag}={path}"])
         assert "is not a flag of" in refusal(named, [*VLLM, flag[:-2], path])  # shortened: not the flag named
         named.check_launch([*VLLM, flag, "/srv/templates/chat.jinja"], {}, None, "profile")
     # a named flag passes in the spelling the engine reads (underscores), not shortened
-    named = rules.model_copy(update={"args": {"vllm": ["--enforce-eager"]}})
-    named.check_launch([*VLLM, "--enforce_eager"], {}, None, "profile")
+    named = rules.model_copy(update={"args": {"vllm": ["--enforce-eager", "--gpu-memory-utilization="]}})
+    named.check_launch([*VLLM, "--enforce_eager", "--gpu-memory-utilization", "0.8"], {}, None, "profile")
     assert "is not a flag of" in refusal(named, [*VLLM, "--enforce-eag"])
+    # a switch takes no word after it: vLLM's parser would read it as its positional model_tag
+    assert "'org/evil' is not the value of a flag" in refusal(named, [*VLLM, "--enforce-eager", "org/evil"])
+    assert "takes no value here" in refusal(named, [*VLLM, "--enforce-eager=org/evil"])
 
 
 def test_the_simulators_parser_takes_an_abbreviated_file_flag_which_the_policy_keeps_in_its_folders(
@@ -112,7 +115,7 @@ def test_the_simulators_parser_takes_an_abbreviated_file_flag_which_the_policy_k
     rules = policy.Policy(commands=[f"{sys.executable} -m specsweep.targets.sim"])
     assert "--fault-once-fil is not a flag of specsweep's sglang presets" in refusal(
         rules, [*SIM, "--fault-once-fil", "/root/.config/specsweep/policy.toml"])
-    named = rules.model_copy(update={"args": {"sglang": ["--fault-*"]}, "arg_files": [str(tmp_path)]})
+    named = rules.model_copy(update={"args": {"sglang": ["--fault-*="]}, "arg_files": [str(tmp_path)]})
     assert "rule 'arg_files'" in refusal(named, [*SIM, "--fault-once-file", "/root/.config/specsweep/policy.toml"])
     assert "rule 'arg_files'" in refusal(named, [*SIM, "--fault-once-file", f"{tmp_path}/../../etc/x"])
     named.check_launch([*SIM, "--fault-once-file", str(tmp_path / "once")], {}, None, "profile")
