@@ -17,9 +17,8 @@ A file the administrator wrote must hold rules: an empty one is an error.
     hosts = ["local", "gpu-*.lab.example"]            # "local" and SSH host names (jump hosts too), fnmatch
     commands = ["/opt/serving/bin/python -m my_engine.server"]   # what a launch command must start with
                                                        # (word by word; a word may be a shell-style pattern)
-    args = {custom = ["--verbose", "--workers="]}      # flags beyond the presets', per engine name ("=": takes
-                                                       # a value; without: a switch)
-                                                       # ("custom": a command of no engine specsweep knows)
+    args = {custom = ["--verbose", "--workers="]}      # flags beyond the presets', per engine name ("custom":
+                                                       # any other command; "=": takes a value, else a switch)
     arg_files = ["/srv/templates"]                     # folders a file-valued flag may name (chat templates ...)
     cwd = ["/srv/models"]                              # working directories (and below) a profile may enter
     env = ["CUDA_VISIBLE_DEVICES", "NCCL_*"]           # environment names a profile may set (fnmatch)
@@ -134,25 +133,38 @@ class Policy(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    hosts: list[str] = Field(default_factory=lambda: ["local"])
-    commands: list[str] = Field(default_factory=_default_commands)
-    args: dict[str, list[str]] = Field(default_factory=dict)
-    arg_files: list[str] = Field(default_factory=list)
-    cwd: list[str] = Field(default_factory=list)
+    hosts: list[str] = Field(default_factory=lambda: ["local"], description="'local' and SSH host names it may "
+                             "reach, jump hosts too (fnmatch patterns).")
+    commands: list[str] = Field(default_factory=_default_commands, description="What a launch command must start "
+                                "with, word by word (a word may be a shell-style pattern).")
+    args: dict[str, list[str]] = Field(default_factory=dict, description="Per engine name ('custom': a command of "
+                                       "no engine specsweep knows), the flags beyond its presets' own that a command "
+                                       "may carry, in the engine's spelling (fnmatch; 'flag=': it takes a value).")
+    arg_files: list[str] = Field(default_factory=list, description="Folders a file-valued flag may name.")
+    cwd: list[str] = Field(default_factory=list, description="Working directories (and below) a profile may enter.")
     env: list[str] = Field(default_factory=lambda: [
         "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HOME", "HF_HUB_OFFLINE",
         "NCCL_*", "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM", "PYTHONUNBUFFERED",
-        *(name for engine in engines.ENGINES.values() for name in engine.env_names)])
-    results: list[str] = Field(default_factory=lambda: [str(REPO_ROOT / "data" / "results")])
-    endpoints: list[str] = Field(default_factory=list)
-    targets: list[str] = Field(default_factory=lambda: ["127.0.0.1", "::1", "localhost"])
-    read: list[str] = Field(default_factory=lambda: [str(REPO_ROOT / "data"), str(_home() / ".cache" / "specsweep")])
-    read_max_bytes: int = Field(512 << 20, ge=0)
-    ssh_files: list[str] = Field(default_factory=list)
-    deployments: list[str] = Field(default_factory=lambda: ["*"])
-    accept_unknown_host_keys: bool = False
+        *(name for engine in engines.ENGINES.values() for name in engine.env_names)],
+        description="Environment names a profile may set (fnmatch; a name of a file, folder or code: exactly).")
+    results: list[str] = Field(default_factory=lambda: [str(REPO_ROOT / "data" / "results")],
+                               description="Results roots (paths or URLs) a run may write, and below.")
+    endpoints: list[str] = Field(default_factory=list, description="S3-compatible endpoints a results block may "
+                                 "name (fnmatch on the URL).")
+    targets: list[str] = Field(default_factory=lambda: ["127.0.0.1", "::1", "localhost"], description="Addresses "
+                               "on a host that tunnels and requests may go to (fnmatch).")
+    read: list[str] = Field(default_factory=lambda: [str(REPO_ROOT / "data"), str(_home() / ".cache" / "specsweep")],
+                            description="Folders prompt files and tokenizers are read from on the worker.")
+    read_max_bytes: int = Field(512 << 20, ge=0, description="The largest file read for a run.")
+    ssh_files: list[str] = Field(default_factory=list, description="Folders of key and known_hosts files a run's "
+                                 "host parameters may name.")
+    accept_unknown_host_keys: bool = Field(False, description="Whether a run or an ssh-host block may trust a host "
+                                           "key not seen before.")
+    deployments: list[str] = Field(default_factory=lambda: ["*"], description="The deployments (flow/deployment, "
+                                   "fnmatch) deployments/serve.py serves.")
     forbidden_args: list[str] = Field(default_factory=lambda: sorted(
-        {flag for engine in engines.ENGINES.values() for flag in engine.code_flags}))
+        {flag for engine in engines.ENGINES.values() for flag in engine.code_flags}),
+        description="Flags no command may carry, in any spelling its parser takes.")
     source: str = Field("the built-in local default", description="Where the policy was read from.")
 
     # -- the checks ------------------------------------------------------------------------------
