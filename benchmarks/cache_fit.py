@@ -36,7 +36,7 @@ from specsweep.engines.llamacpp import baseline as baseline_profile  # noqa: E40
 from specsweep.engines.llamacpp import default_models_dir  # noqa: E402
 from specsweep.engines.llamacpp import speculative as speculative_profile  # noqa: E402
 from specsweep.hosts import LocalHost  # noqa: E402
-from specsweep.records import Level  # noqa: E402
+from specsweep.records import Block  # noqa: E402
 from specsweep.results import ResultsStore, new_run_id  # noqa: E402
 from specsweep.server.api import ServerAPI  # noqa: E402
 from specsweep.server.health import wait_for_health  # noqa: E402
@@ -94,7 +94,7 @@ async def measure(spec: ModelSpec, folder: Path, args: argparse.Namespace, store
             for pair in range(args.pairs):
                 order = (0, 1) if pair % 2 == 0 else (1, 0)  # ABBA: drift lands on both alike
                 for arm in order:
-                    level = Level(index=index, mode="concurrency", value=c, repeat=pair)
+                    level = Block(index=index, mode="concurrency", value=c, repeat=pair)
                     rows[arm].append(await functools.partial(measure_level, targets[arm], jobs[arm])(level))
             base = [r.throughput for r in rows[0]]
             spec_ = [r.throughput for r in rows[1]]

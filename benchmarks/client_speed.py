@@ -25,10 +25,10 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from specsweep.bench.config import RequestOptions, SweepConfig  # noqa: E402
+from specsweep.bench.config import RequestSpec, SweepConfig  # noqa: E402
 from specsweep.bench.runner import Load, run_level  # noqa: E402
 from specsweep.bench.workload import Prompt  # noqa: E402
-from specsweep.records import Level  # noqa: E402
+from specsweep.records import Block  # noqa: E402
 
 
 def start_sim(profile: str, port: int) -> subprocess.Popen[bytes]:
@@ -59,7 +59,7 @@ async def speed(requests: int, workers: list[int]) -> None:
         for w in workers:
             for rep in range(2):
                 sweep = SweepConfig(num_requests=requests, warmup_requests=64, workers=w)
-                run = await run_level(Load(url, RequestOptions(), prompts, 256, sweep), Level(index=0, mode="concurrency",
+                run = await run_level(Load(url, RequestSpec(), prompts, 256, sweep), Block(index=0, mode="concurrency",
                                                                                               value=64))
                 ok = [r for r in run.records if r.ok]
                 tokens = sum(r.output_tokens or 0 for r in ok)
@@ -82,8 +82,8 @@ async def timing(requests: int) -> None:
             for conc in (1, 8, 64):
                 n = max(32, min(requests, conc * 8))
                 sweep = SweepConfig(num_requests=n, warmup_requests=4)
-                run = await run_level(Load(url, RequestOptions(), prompts, 64, sweep),
-                                      Level(index=0, mode="concurrency", value=conc))
+                run = await run_level(Load(url, RequestSpec(), prompts, 64, sweep),
+                                      Block(index=0, mode="concurrency", value=conc))
                 ttft_err, itl_err = [], []
                 for r in run.records:
                     truth = (await client.get(url + "/sim/token_times", params={"id": r.response_id})).json()["token_times_s"]

@@ -26,7 +26,7 @@ from specsweep.results import DEFAULT_ROOT, ResultsStore, new_run_id  # noqa: E4
 from specsweep.server.api import ServerAPI  # noqa: E402
 from specsweep.server.health import wait_for_health  # noqa: E402
 from specsweep.server.lifecycle import kill_server, start_server  # noqa: E402
-from specsweep.sweep import BenchTarget, SweepJob, measure_level, points, repeats, run_levels  # noqa: E402
+from specsweep.sweep import BenchTarget, SweepJob, measure_level, repeats, run_levels, sweep_levels  # noqa: E402
 
 
 async def main() -> None:
@@ -49,7 +49,7 @@ async def main() -> None:
                            workload=WorkloadConfig(input_len=args.input_len, output_len=args.output_len),
                            sweep=SweepConfig(concurrency=[1, 8], num_requests=args.requests, warmup_requests=2,
                                              repeats=args.repeats))
-            rows = await run_levels(points(job.sweep), functools.partial(measure_level, target, job),
+            rows = await run_levels(sweep_levels(job.sweep), functools.partial(measure_level, target, job),
                                     more=repeats(job.sweep.repeats))
         finally:
             kill_server(host, profile, handle)

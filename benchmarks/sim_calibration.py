@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from specsweep.bench.config import SweepConfig, WorkloadConfig  # noqa: E402
-from specsweep.records import Level  # noqa: E402
+from specsweep.records import Block  # noqa: E402
 from specsweep.results import DEFAULT_ROOT, ResultsStore, new_run_id  # noqa: E402
 from specsweep.sweep import BenchTarget, SweepJob, measure_level  # noqa: E402
 
@@ -54,7 +54,7 @@ async def sweep(spec: bool, requests: int, port: int) -> dict[int, float]:
                            workload=WorkloadConfig(input_len=128, output_len=64),
                            sweep=SweepConfig(num_requests=n, warmup_requests=min(c, 16)))
             row = await measure_level(BenchTarget(base_url=f"http://127.0.0.1:{port}", engine="sglang"), job,
-                                      Level(index=i, mode="concurrency", value=c))
+                                      Block(index=i, mode="concurrency", value=c))
             out[c] = row.output_tokens_per_s
         return out
     finally:

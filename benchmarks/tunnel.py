@@ -34,14 +34,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from specsweep.bench.config import RequestOptions, SweepConfig  # noqa: E402
+from specsweep.bench.config import RequestSpec, SweepConfig  # noqa: E402
 from specsweep.bench.remote import HostLoadGenerator  # noqa: E402
 from specsweep.bench.runner import Load, run_async, run_level  # noqa: E402
 from specsweep.bench.workload import Prompt  # noqa: E402
 from specsweep.hosts import SSHEndpoint, SSHHost  # noqa: E402
 from specsweep.hosts.tunnel import Tunnel, open_tunnel  # noqa: E402
 from specsweep.metrics import level_metrics  # noqa: E402
-from specsweep.records import Level  # noqa: E402
+from specsweep.records import Block  # noqa: E402
 from tests.helpers.sim import running_sim  # noqa: E402
 from tests.helpers.sshd import keygen, start_sshd  # noqa: E402
 
@@ -97,10 +97,10 @@ ON_HOST: HostLoadGenerator | None = None
 async def measure(url: str, level: int, requests: int, output_len: int, tunnel_pids: list[int],
                   sshd_pid: int, on_host: bool = False) -> dict[str, float]:
     sweep = SweepConfig(num_requests=requests, warmup_requests=min(64, level))
-    load = Load(url, RequestOptions(), (Prompt("a short prompt", 3, False),), output_len, sweep)
+    load = Load(url, RequestSpec(), (Prompt("a short prompt", 3, False),), output_len, sweep)
     watched = tunnel_pids + children(sshd_pid)
     cpu0, tun0, t0 = time.process_time(), cpu_s(watched), time.perf_counter()
-    lv = Level(index=0, mode="concurrency", value=level)
+    lv = Block(index=0, mode="concurrency", value=level)
     run = await ON_HOST.run(load, lv) if on_host and ON_HOST else await run_level(load, lv)
     watched_after = tunnel_pids + children(sshd_pid)
     m = level_metrics(run.records)

@@ -35,7 +35,7 @@ async def benchmark_config(profile: ProfileParams, host: HostConfig = HostConfig
                     await record_environment(config, started)
                     await warm_up(started, config.job)
                     rows = await run_levels(
-                        run.points, lambda level: run_concurrency_benchmark(started, config.job, level),
+                        run.levels, lambda level: run_concurrency_benchmark(started, config.job, level),
                         more=repeats(run.settings.sweep.repeats), stop_at_saturation=run.settings.sweep.stop_at_saturation,
                         check_server=started.check, on_level=config.progress, set_aside=arm.set_aside)
                 # start_server's block ends: kill_server takes this start's server, however the block ended

@@ -68,7 +68,7 @@ async def compare_speculation(baseline: ProfileParams, speculative: ProfileParam
     async with hold_host(run.host, host.block) as h:  # one benchmark per host at a time
         base = await run.configuration(run.servers[0], h.label)
         spec = await run.configuration(run.servers[1], h.label)
-        base_rows, spec_rows = await designs.compare(ServerArm(run, h, base), ServerArm(run, h, spec), run.points,
+        base_rows, spec_rows = await designs.compare(ServerArm(run, h, base), ServerArm(run, h, spec), run.levels,
                                                      decision, sweep.num_requests,
                                                      stop_at_saturation=sweep.stop_at_saturation)
         comparison = await compare_configurations(base.job.run_id, spec.job.run_id, run.store, decision)

@@ -8,7 +8,7 @@ there), and the server is killed however the flow ends: its own final kill, or t
 # No "from __future__ import annotations" here: Prefect builds the parameter schema and
 # validates runs from the real annotation objects of a flow's signature.
 from specsweep.hosts import HostConfig
-from specsweep.parameters import BenchmarkSettings, LifecycleOptions
+from specsweep.parameters import BenchmarkSettings, LifecycleConfig
 from specsweep.profiles import ProfileParams, ServerProfile
 from specsweep.server.health import HealthReport
 from tasks.cleanup import benchmark_flow
@@ -19,7 +19,7 @@ from tasks.server import kill_server, start_server, wait_for_health
 
 @benchmark_flow("server-lifecycle", servers=lambda p: [ServerProfile.model_validate(p["profile"])])
 async def server_lifecycle(profile: ProfileParams, host: HostConfig = HostConfig(),
-                           stages: LifecycleOptions = LifecycleOptions()) -> HealthReport:
+                           stages: LifecycleConfig = LifecycleConfig()) -> HealthReport:
     """Start the server, report how long it took to be ready, and kill it."""
     run = await prepare_run([profile], host, BenchmarkSettings(stages=stages))
     server = run.servers[0]

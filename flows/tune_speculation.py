@@ -95,7 +95,7 @@ async def tune_speculation(llamacpp: LlamaCppSettings | None = None, vllm: VLLMS
     sweep = benchmark.sweep
     async with hold_host(run.host, host.block) as h:  # one benchmark per host at a time
         configs = [await run.configuration(profile, h.label) for profile in run.servers]
-        rows = await designs.sequential([ServerArm(run, h, c) for c in configs], run.points, decision,
+        rows = await designs.sequential([ServerArm(run, h, c) for c in configs], run.levels, decision,
                                         sweep.num_requests, stop_at_saturation=sweep.stop_at_saturation)
     for config, config_rows in zip(configs, rows, strict=True):
         await publish_configuration(config.job, h.label, config_rows)

@@ -23,9 +23,9 @@ from contextlib import AbstractAsyncContextManager, AbstractContextManager, Asyn
 from typing import Protocol
 
 from specsweep.analysis.decision import DecisionConfig, baseline_needs_more, pair_needs_more, speculative_needs_more
-from specsweep.records import Level, LevelRow
+from specsweep.records import Block, BlockRow
 from specsweep.sweep import disturbance
-from specsweep.sweep.job import Point
+from specsweep.sweep.job import Level
 from specsweep.sweep.levels import (
     MAX_SET_ASIDE,
     PAIRED_WITH_DISTURBED,
@@ -42,7 +42,7 @@ from specsweep.sweep.levels import (
 class Serving(Protocol):
     """A configuration's server while it is up: measure a block on it, check it after failures."""
 
-    async def measure(self, level: Level) -> LevelRow: ...
+    async def measure(self, level: Block) -> BlockRow: ...
 
     async def check(self, when: str) -> None: ...
 
@@ -52,7 +52,7 @@ class Arm(Protocol):
 
     name: str
 
-    def finished(self) -> list[LevelRow] | None:
+    def finished(self) -> list[BlockRow] | None:
         """Every block of this configuration, when an earlier try of the run measured it whole."""
 
     def recording(self) -> AbstractContextManager[object]:
@@ -61,17 +61,17 @@ class Arm(Protocol):
     def serve(self) -> AbstractAsyncContextManager[Serving]:
         """Its server up and ready; the final kill when the block ends, however it ends."""
 
-    async def on_block(self, row: LevelRow, done: int, total: int) -> None:
+    async def on_block(self, row: BlockRow, done: int, total: int) -> None:
         """After each block: progress for people."""
 
     def on_saturation(self) -> None:
         """The sweep stops: throughput stopped rising while latency grew."""
 
-    async def set_aside(self, row: LevelRow) -> None:
+    async def set_aside(self, row: BlockRow) -> None:
         """Keep a block set aside as disturbed, with its reason, where its run's rows are kept."""
 
 
-async def one(arm: Arm, points: Sequence[Point], more: More, *, stop_at_saturation: bool = False) -> list[LevelRow]:
+async def one(arm: Arm, points: Sequence[Level], more: More, *, stop_at_saturation: bool = False) -> list[BlockRow]:
     """One configuration over ``points``, each level in blocks until ``more`` says enough."""
     if (done := arm.finished()) is not None:
         return done
@@ -82,17 +82,17 @@ async def one(arm: Arm, points: Sequence[Point], more: More, *, stop_at_saturati
                                     on_saturation=arm.on_saturation, set_aside=arm.set_aside)
 
 
-def by_level(rows: Sequence[LevelRow]) -> dict[int, list[LevelRow]]:
+def by_level(rows: Sequence[BlockRow]) -> dict[int, list[BlockRow]]:
     """The blocks that count (not set aside as disturbed), by level."""
-    out: dict[int, list[LevelRow]] = {}
+    out: dict[int, list[BlockRow]] = {}
     for r in rows:
         if r.disturbed is None:
             out.setdefault(r.level_index, []).append(r)
     return out
 
 
-async def sequential(arms: Sequence[Arm], points: Sequence[Point], decision: DecisionConfig, num_requests: int, *,
-                     stop_at_saturation: bool = False) -> list[list[LevelRow]]:
+async def sequential(arms: Sequence[Arm], points: Sequence[Level], decision: DecisionConfig, num_requests: int, *,
+                     stop_at_saturation: bool = False) -> list[list[BlockRow]]:
     """The baseline (``arms[0]``) over every level, each until its throughput is known to ±margin/2; then each
     other arm over the levels the baseline reached, each until its verdict against the baseline is decided."""
     base_more = baseline_needs_more(decision, num_requests)
@@ -100,14 +100,14 @@ async def sequential(arms: Sequence[Arm], points: Sequence[Point], decision: Dec
     base = by_level(base_rows)
     reached = [p for p in points if p.index in base]  # the baseline may have stopped at saturation
 
-    def against_base(point: Point, rows: list[LevelRow]) -> bool:
+    def against_base(point: Level, rows: list[BlockRow]) -> bool:
         return speculative_needs_more(decision, num_requests, base.get(point.index, []))(rows)
 
     return [base_rows, *[await one(arm, reached, against_base) for arm in arms[1:]]]
 
 
-async def in_turn(arms: Sequence[Arm], points: Sequence[Point], more: Callable[[list[list[LevelRow]]], bool], *,
-                  restart: bool, stop_at_saturation: bool = False) -> list[list[LevelRow]]:
+async def in_turn(arms: Sequence[Arm], points: Sequence[Level], more: Callable[[list[list[BlockRow]]], bool], *,
+                  restart: bool, stop_at_saturation: bool = False) -> list[list[BlockRow]]:
     """A block of each arm in turn at each level (``rotation``), round after round until ``more(rows
     per arm)`` says enough: every server up side by side, or (``restart``) one at a time, started for each
     block. Arms an earlier try finished whole are not measured again."""
@@ -126,7 +126,7 @@ async def in_turn(arms: Sequence[Arm], points: Sequence[Point], more: Callable[[
                 measures, checks = [s.measure for s in servers], [s.check for s in servers]
             by_name = {arm.name: arm for arm in arms}
 
-            async def on_block(row: LevelRow, done: int, total: int) -> None:
+            async def on_block(row: BlockRow, done: int, total: int) -> None:
                 await by_name[row.config_name].on_block(row, done, total)
 
             return await run_in_turn(list(points), measures, more=more, stop_at_saturation=stop_at_saturation,
@@ -134,8 +134,8 @@ async def in_turn(arms: Sequence[Arm], points: Sequence[Point], more: Callable[[
                                      set_asides=[arm.set_aside for arm in arms])
 
 
-async def alternate(base: Arm, spec: Arm, points: Sequence[Point], decision: DecisionConfig, num_requests: int, *,
-                    restart: bool, stop_at_saturation: bool = False) -> tuple[list[LevelRow], list[LevelRow]]:
+async def alternate(base: Arm, spec: Arm, points: Sequence[Level], decision: DecisionConfig, num_requests: int, *,
+                    restart: bool, stop_at_saturation: bool = False) -> tuple[list[BlockRow], list[BlockRow]]:
     """Baseline and speculative blocks in turn at each level (ABBA), until each level's paired verdict is
     decided: both servers up side by side, or (``restart``) one at a time, started for each block."""
     more = pair_needs_more(decision, num_requests)
@@ -144,10 +144,10 @@ async def alternate(base: Arm, spec: Arm, points: Sequence[Point], decision: Dec
     return base_rows, spec_rows
 
 
-def _restarted(arm: Arm) -> Callable[[Level], Awaitable[LevelRow]]:
+def _restarted(arm: Arm) -> Callable[[Block], Awaitable[BlockRow]]:
     """A block on a server started for it alone (checked for a crash when it had failures)."""
 
-    async def measure(level: Level) -> LevelRow:
+    async def measure(level: Block) -> BlockRow:
         async with arm.serve() as server:
             row = await server.measure(level)
             if row.failed:
@@ -157,8 +157,8 @@ def _restarted(arm: Arm) -> Callable[[Level], Awaitable[LevelRow]]:
     return measure
 
 
-async def compare(base: Arm, spec: Arm, points: Sequence[Point], decision: DecisionConfig, num_requests: int, *,
-                  stop_at_saturation: bool = False) -> tuple[list[LevelRow], list[LevelRow]]:
+async def compare(base: Arm, spec: Arm, points: Sequence[Level], decision: DecisionConfig, num_requests: int, *,
+                  stop_at_saturation: bool = False) -> tuple[list[BlockRow], list[BlockRow]]:
     """A comparison's blocks, in the design its decision settings name."""
     if decision.design == "sequential":
         base_rows, spec_rows = await sequential([base, spec], points, decision, num_requests,
@@ -179,16 +179,16 @@ def rotation(arms: int, repeat: int) -> list[int]:
     return [(repeat + i) % arms for i in range(arms)]
 
 async def run_in_turn(
-    sweep: list[Point],
+    sweep: list[Level],
     measures: Sequence[Measure],
     *,
-    more: Callable[[list[list[LevelRow]]], bool],
+    more: Callable[[list[list[BlockRow]]], bool],
     stop_at_saturation: bool = False,
     checks: Sequence[ServerCheck | None] | None = None,
     on_block: OnLevel | None = None,
     on_saturation: Callable[[], None] | None = None,
     set_asides: Sequence[SetAside | None] | None = None,
-) -> list[list[LevelRow]]:
+) -> list[list[BlockRow]]:
     """The alternate design: at each level, a block of each configuration in turn (``rotation``), round after
     round until ``more(rows per configuration)`` says the level is decided. A round with a disturbed block
     is set aside whole (the others marked as measured beside it) and measured again, at most MAX_SET_ASIDE
@@ -198,15 +198,15 @@ async def run_in_turn(
     checks = list(checks) if checks is not None else [None] * k
     set_asides = list(set_asides) if set_asides is not None else [None] * k
     state = Sweeper(stop_at_saturation, on_saturation)
-    out: list[list[LevelRow]] = [[] for _ in range(k)]
+    out: list[list[BlockRow]] = [[] for _ in range(k)]
     for n, point in enumerate(sweep, 1):
-        clean: list[list[LevelRow]] = [[] for _ in range(k)]
-        level_rows: list[list[LevelRow]] = [[] for _ in range(k)]
+        clean: list[list[BlockRow]] = [[] for _ in range(k)]
+        level_rows: list[list[BlockRow]] = [[] for _ in range(k)]
         rounds = aside = 0
         while True:
             level = point.block(rounds)
             rounds += 1
-            got: dict[int, LevelRow] = {}
+            got: dict[int, BlockRow] = {}
             for arm in rotation(k, level.repeat):
                 row = await state.block(measures[arm], level, checks[arm])
                 got[arm] = await state.judged(row, level_rows[arm], clean[arm], set_asides[arm])
@@ -239,7 +239,7 @@ async def run_in_turn(
             break
     return out
 
-async def _set_aside_shifted_round(clean: list[list[LevelRow]], out: list[list[LevelRow]],
+async def _set_aside_shifted_round(clean: list[list[BlockRow]], out: list[list[BlockRow]],
                                    set_asides: Sequence[SetAside | None]) -> bool:
     """Set aside the round whose paired ratio (each arm against the first) lies far outside the others'
     (``disturbance.outlier_round``): its rows leave ``clean``, are marked in ``out`` and stored. True if one was."""

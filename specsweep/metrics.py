@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from specsweep.records import Level, LevelRow, LevelRun, RequestRecord, RequestRow
+from specsweep.records import Block, BlockRow, BlockRun, RequestRecord, RequestRow
 from specsweep.server import engine_metrics
 
 STATS = ("mean", "median", "p90", "p99")
@@ -199,7 +199,7 @@ def level_metrics(records: Sequence[RequestRecord], concurrency: int | None = No
     return m
 
 
-def level_row(run: LevelRun, *, config_name: str) -> LevelRow:
+def level_row(run: BlockRun, *, config_name: str) -> BlockRow:
     """Every figure of one level, from its raw records and counters."""
     m = level_metrics(run.records, run.level.concurrency)
     spec_source = "per-request" if (m["spec_acceptance_rate"] is not None or m["spec_accept_length"] is not None) else None
@@ -209,7 +209,7 @@ def level_row(run: LevelRun, *, config_name: str) -> LevelRow:
             m[key] = value
             spec_source = source
     level = run.level
-    return LevelRow(
+    return BlockRow(
         config_name=config_name, level_index=level.index, mode=level.mode, concurrency=level.concurrency,
         request_rate_per_s=level.value if level.mode == "rate" else None, repeat=level.repeat,
         started_at=epoch_iso(run.started_at), **m, spec_source=spec_source,
@@ -228,9 +228,9 @@ def stop_share(records: Sequence[RequestRecord]) -> float | None:
     return sum(1 for f in said if f == "stop") / len(said) if said else None
 
 
-def request_rows(run: LevelRun) -> list[RequestRow]:
+def request_rows(run: BlockRun) -> list[RequestRow]:
     """The level's requests as stored: chunk times as offsets from the send, derived figures in ms."""
-    level: Level = run.level
+    level: Block = run.level
     ms = (lambda x: None if x is None else x * 1000)  # noqa: E731
     rows = []
     for r in run.records:

@@ -21,7 +21,7 @@ class TaskOptions(TypedDict):
     timeout_seconds: float | None
 
 
-class StageOptions(BaseModel):
+class StageConfig(BaseModel):
     """How often a stage is retried and how long one try may take."""
 
     model_config = ConfigDict(extra="forbid")
@@ -35,21 +35,21 @@ class StageOptions(BaseModel):
         return {"retries": self.retries, "retry_delay_seconds": self.retry_delay_s, "timeout_seconds": self.timeout_s}
 
 
-class LifecycleOptions(BaseModel):
+class LifecycleConfig(BaseModel):
     """Retries and timeouts of the server lifecycle stages."""
 
     model_config = ConfigDict(extra="forbid")
 
-    kill: StageOptions = Field(
-        default_factory=lambda: StageOptions(retries=2, retry_delay_s=5, timeout_s=900),
+    kill: StageConfig = Field(
+        default_factory=lambda: StageConfig(retries=2, retry_delay_s=5, timeout_s=900),
         description="kill_server: stop the server and its leftovers.",
     )
-    start: StageOptions = Field(
-        default_factory=lambda: StageOptions(retries=1, retry_delay_s=10, timeout_s=300),
+    start: StageConfig = Field(
+        default_factory=lambda: StageConfig(retries=1, retry_delay_s=10, timeout_s=300),
         description="start_server: launch the server.",
     )
-    wait: StageOptions = Field(
-        default_factory=lambda: StageOptions(retries=0, timeout_s=None),
+    wait: StageConfig = Field(
+        default_factory=lambda: StageConfig(retries=0, timeout_s=None),
         description="wait_for_health: poll until ready. Without a timeout, the profile's startup_timeout_s applies.",
     )
     warm_up_requests: int = Field(
@@ -58,8 +58,8 @@ class LifecycleOptions(BaseModel):
     kill_port_holder: bool = Field(
         False, description="If the port is busy at start, kill whatever holds it instead of failing."
     )
-    benchmark: StageOptions = Field(
-        default_factory=lambda: StageOptions(retries=0, timeout_s=None),
+    benchmark: StageConfig = Field(
+        default_factory=lambda: StageConfig(retries=0, timeout_s=None),
         description="run_concurrency_benchmark: one level. A retry measures the level again.",
     )
 
@@ -73,7 +73,7 @@ class BenchmarkSettings(BaseModel):
     workload: WorkloadConfig = Field(default_factory=WorkloadConfig, description="Which prompts to send.")
     sweep: SweepConfig = Field(default_factory=SweepConfig, description="The levels and how much load at each.")
     request: RequestParams = Field(default_factory=RequestParams, description="How each request is made.")
-    stages: LifecycleOptions = Field(default_factory=LifecycleOptions, description="Retries and timeouts per stage.")
+    stages: LifecycleConfig = Field(default_factory=LifecycleConfig, description="Retries and timeouts per stage.")
     results: str = Field(str(DEFAULT_ROOT), min_length=1,
                          description="Results root: a folder every worker can read, or a URL (s3://bucket/prefix, gs://…).")
     results_block: str | None = Field(

@@ -1,11 +1,11 @@
 """What a sweep produces, as types: a level to measure, the raw record of one request, and
 the rows of the three datasets (runs, levels, requests).
 
-    Level          one point of the sweep: (index, mode, value, repeat), frozen
+    Block          one point of the sweep: (index, mode, value, repeat), frozen
     RequestRecord  one request's raw monotonic timestamps and counts (the load generator fills it)
-    LevelRun       one level's raw records plus what the client measured of itself
+    BlockRun       one level's raw records plus what the client measured of itself
     RequestRow     a request as stored: the raw record, its level, derived per-request figures
-    LevelRow       a level as stored: every per-level figure, units in the names
+    BlockRow       a level as stored: every per-level figure, units in the names
     RunRow         a run (one configuration on one host) as stored
 
 Rows are pydantic models; ``arrow_schema`` derives each dataset's Parquet schema from the
@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 Mode = Literal["concurrency", "rate"]
 
 
-class Level(BaseModel):
+class Block(BaseModel):
     """One point of a sweep. Frozen: it is a task input, hashed for the retry cache."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -96,10 +96,10 @@ class RequestRecord:
 
 
 @dataclass
-class LevelRun:
+class BlockRun:
     """One level's raw outcome: the records, and what the client measured of itself."""
 
-    level: Level
+    level: Block
     records: list[RequestRecord]
     started_at: float  # wall clock, for labels
     client_cpu_s: float = 0.0
@@ -183,7 +183,7 @@ class RequestRow(Row):
     send_delay_ms: float | None = Field(None, description="Send minus schedule (open loop: the client's lateness).")
 
 
-class LevelRow(Row):
+class BlockRow(Row):
     """A level as stored (the ``levels`` dataset): one row per level and repeat."""
 
     config_name: str
@@ -286,9 +286,9 @@ class LevelRow(Row):
         return self.output_tokens_per_s
 
     @property
-    def level(self) -> Level:
+    def level(self) -> Block:
         value = float(self.concurrency) if self.mode == "concurrency" and self.concurrency else self.request_rate_per_s
-        return Level(index=self.level_index, mode=self.mode, value=value or 1.0, repeat=self.repeat)
+        return Block(index=self.level_index, mode=self.mode, value=value or 1.0, repeat=self.repeat)
 
     @property
     def label(self) -> str:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from prefect import get_run_logger
 
 from specsweep.hosts import Host
-from specsweep.records import Level, LevelRow
+from specsweep.records import Block, BlockRow
 from specsweep.sweep import SweepJob, set_aside
 from tasks.benchmark import run_concurrency_benchmark, warm_up
 from tasks.results import fingerprint_environment
@@ -30,7 +30,7 @@ class Measuring:
     server: Server
     job: SweepJob
 
-    async def measure(self, level: Level) -> LevelRow:
+    async def measure(self, level: Block) -> BlockRow:
         return await run_concurrency_benchmark(self.server, self.job, level)
 
     async def check(self, when: str) -> None:
@@ -53,7 +53,7 @@ class ServerArm:
         self.run, self.host, self.config = run, host, config
         self.name = config.name
 
-    def finished(self) -> list[LevelRow] | None:
+    def finished(self) -> list[BlockRow] | None:
         done = self.config.finished()
         if done is not None:
             # A retry of this flow run: this configuration finished in an earlier try. Its results are
@@ -76,10 +76,10 @@ class ServerArm:
             await warm_up(server, self.config.job)
             yield Measuring(server, self.config.job)
 
-    async def on_block(self, row: LevelRow, done: int, total: int) -> None:
+    async def on_block(self, row: BlockRow, done: int, total: int) -> None:
         await self.config.progress(row, done, total)
 
-    async def set_aside(self, row: LevelRow) -> None:
+    async def set_aside(self, row: BlockRow) -> None:
         if row.disturbed is None:
             get_run_logger().info("%s %s: counted after all: what set its level's earlier block aside happened again, "
                                   "so it is the server's behaviour", self.name, row.level)

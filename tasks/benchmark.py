@@ -11,14 +11,14 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from specsweep.records import Level, LevelRow
+from specsweep.records import Block, BlockRow
 from specsweep.sweep import SweepJob, WarmUp, measure_level, settle, stored_level
 from tasks._common import run_logger
 from tasks.server import Server
 
 
 @task(name="run_concurrency_benchmark", cache_policy=NO_CACHE, task_run_name="benchmark {job.config_name} {level}")
-async def _benchmark(server: Server, job: SweepJob, level: Level) -> LevelRow:
+async def _benchmark(server: Server, job: SweepJob, level: Block) -> BlockRow:
     logger = run_logger(server.profile, server.host)
     if server.target.request.api_key:
         logger.redactor.add(server.target.request.api_key.get_secret_value())
@@ -43,7 +43,7 @@ async def _benchmark(server: Server, job: SweepJob, level: Level) -> LevelRow:
     return row
 
 
-async def run_concurrency_benchmark(server: Server, job: SweepJob, level: Level) -> LevelRow:
+async def run_concurrency_benchmark(server: Server, job: SweepJob, level: Block) -> BlockRow:
     """Measure one level (a block) against the running server and store it; return its figures. The load
     runs here, or on the server's host where the host config puts it there; the server's GPUs are read
     with nvidia-smi while it runs (where the host has it)."""
@@ -64,7 +64,7 @@ async def warm_up(server: Server, job: SweepJob) -> WarmUp:
     return report
 
 
-def _client_note(row: LevelRow) -> str:
+def _client_note(row: BlockRow) -> str:
     """Why the client's figures may be off, and what to do about it."""
     if not row.client_bottleneck:
         return ""

@@ -15,7 +15,7 @@ from specsweep.analysis.decision import DecisionConfig
 from specsweep.analysis.tuning import GridPoint, Tuning, tune_runs
 from specsweep.engines import PerBatchSetting
 from specsweep.hosts import Host
-from specsweep.records import LevelRow
+from specsweep.records import BlockRow
 from specsweep.reports.folders import write_comparison_report, write_tuning_report
 from specsweep.reports.markdown import comparison_markdown, temperatures_markdown, tuning_markdown
 from specsweep.reports.plots import comparison_plots, data_uri, tuning_plot
@@ -41,7 +41,7 @@ async def fingerprint_environment(host: Host, target: BenchTarget) -> dict[str, 
 
 
 @task(name="publish_configuration", cache_policy=NO_CACHE)
-async def publish_configuration(job: SweepJob, host_label: str, rows: list[LevelRow]) -> None:
+async def publish_configuration(job: SweepJob, host_label: str, rows: list[BlockRow]) -> None:
     """A table artifact of the configuration's levels, and a link to its data."""
     table = [{c: (round(v, 3) if isinstance(v := getattr(r, c), float) else v) for c in TABLE_COLUMNS} for r in rows]
     levels_url = job.store.location.url_of(f"levels/run_id={job.run_id}")

@@ -18,15 +18,15 @@ from pydantic import BaseModel, SecretStr
 
 from specsweep import engines, policy
 from specsweep.analysis.decision import DecisionConfig
-from specsweep.bench.config import RequestOptions
+from specsweep.bench.config import RequestSpec
 from specsweep.bench.workload import check_source
 from specsweep.hosts import HostConfig
-from specsweep.parameters import BenchmarkSettings, LifecycleOptions
+from specsweep.parameters import BenchmarkSettings, LifecycleConfig
 from specsweep.profiles import ProfileParams, ServerProfile
-from specsweep.records import LevelRow
+from specsweep.records import BlockRow
 from specsweep.results import ResultsStore
 from specsweep.results.run_record import RunRecorder, finished_run
-from specsweep.sweep import Point, SweepJob, new_run_row, points
+from specsweep.sweep import Level, SweepJob, new_run_row, sweep_levels
 from tasks._common import artifact_key
 from tasks.blocks import aresolve_host, aresolve_profile, aresolve_results, aresolve_secret, check_allowed
 
@@ -44,14 +44,14 @@ class Configuration:
     profile: ServerProfile
     job: SweepJob
     recorder: RunRecorder
-    progress: Callable[[LevelRow, int, int], Awaitable[None]]
+    progress: Callable[[BlockRow, int, int], Awaitable[None]]
     ready_s: list[float] = field(default_factory=list)
 
     @property
     def name(self) -> str:
         return self.profile.name
 
-    def finished(self) -> list[LevelRow] | None:
+    def finished(self) -> list[BlockRow] | None:
         """Every block, when an earlier try of this flow run measured this configuration whole."""
         return finished_run(self.job.store, self.job.run_id)
 
@@ -62,7 +62,7 @@ class Run:
     results store, the resolved host and server profiles."""
 
     settings: BenchmarkSettings
-    request: RequestOptions
+    request: RequestSpec
     store: ResultsStore
     host: HostConfig
     host_block: str | None
@@ -76,14 +76,14 @@ class Run:
         return str(flow_run().id)
 
     @property
-    def stages(self) -> LifecycleOptions:
+    def stages(self) -> LifecycleConfig:
         return self.settings.stages
 
     @property
-    def points(self) -> list[Point]:
-        return points(self.settings.sweep)
+    def levels(self) -> list[Level]:
+        return sweep_levels(self.settings.sweep)
 
-    def request_for(self, profile: ServerProfile) -> RequestOptions:
+    def request_for(self, profile: ServerProfile) -> RequestSpec:
         """The run's request options; the profile's own key when the run names none."""
         if self.request.api_key or not profile.api_key:
             return self.request
@@ -116,11 +116,11 @@ def run_id_for(profile: ServerProfile, stage: str = "") -> str:
     return f"{stamp}-{profile.name}{'-' + stage if stage else ''}-{run.id.hex[:8]}"
 
 
-async def progress_bar(name: str) -> Callable[[LevelRow, int, int], Awaitable[None]]:
+async def progress_bar(name: str) -> Callable[[BlockRow, int, int], Awaitable[None]]:
     """A progress artifact for one configuration, and the hook that moves it after each level."""
     progress = await acreate_progress_artifact(0.0, key=artifact_key(name, "progress"), description=f"{name}: levels done")
 
-    async def advance(_row: LevelRow, done: int, total: int) -> None:
+    async def advance(_row: BlockRow, done: int, total: int) -> None:
         await aupdate_progress_artifact(progress, 100.0 * done / total, description=f"{name}: {done}/{total} levels done")
 
     return advance
@@ -131,7 +131,7 @@ async def prepare_run(profiles: Sequence[ProfileParams], host: HostConfig, bench
     """Everything a run needs before it touches a host: secrets read, the host resolved and its allow-list
     checked, results writable, prompts readable (inside the policy's ``read`` folders, of a bounded size).
     Anything missing is refused here, naming the field."""
-    request = RequestOptions.model_validate(benchmark.request.model_dump())
+    request = RequestSpec.model_validate(benchmark.request.model_dump())
     key = await aresolve_secret(benchmark.request.api_key_secret, "benchmark.request.api_key_secret")
     if key:
         request = request.model_copy(update={"api_key": SecretStr(key)})
@@ -158,10 +158,10 @@ class ConfigurationResult(BaseModel):
 
     config_name: str
     run_id: str
-    levels: list[LevelRow]
+    levels: list[BlockRow]
     time_to_ready_s: float | None
 
     @classmethod
-    def of(cls, config: Configuration, rows: list[LevelRow]) -> ConfigurationResult:
+    def of(cls, config: Configuration, rows: list[BlockRow]) -> ConfigurationResult:
         ready = config.ready_s[0] if config.ready_s else config.job.store.run(config.job.run_id).time_to_ready_s
         return cls(config_name=config.name, run_id=config.job.run_id, levels=rows, time_to_ready_s=ready)

@@ -3,7 +3,7 @@
 All three act on a host, so none is ever cached (a retried flow run always kills and starts
 again). They take the open ``Host`` the flow holds (one connection per run). Blocking SSH work
 runs in a thread so that a task's timeout can interrupt it (an async task that blocks ignores its
-timeout). Retries and timeouts are the run's ``stages`` parameter (``LifecycleOptions``), applied
+timeout). Retries and timeouts are the run's ``stages`` parameter (``LifecycleConfig``), applied
 here to each call.
 
 ``start_server`` is used as ``async with``: however the block ends, the final ``kill_server``
@@ -27,12 +27,12 @@ import anyio
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from specsweep.bench.config import RequestOptions
+from specsweep.bench.config import RequestSpec
 from specsweep.bench.remote import HostLoadGenerator, on_host
 from specsweep.hosts import Host
 from specsweep.hosts.scripts import START_COMMAND_TIMEOUT_S
 from specsweep.hosts.tunnel import ServerPath, open_path
-from specsweep.parameters import LifecycleOptions
+from specsweep.parameters import LifecycleConfig
 from specsweep.profiles import ServerProfile
 from specsweep.server import health, lifecycle
 from specsweep.server.api import ServerAPI
@@ -50,11 +50,11 @@ async def _kill(host: Host, profile: ServerProfile, handle: ServerHandle | None 
     return await asyncio.to_thread(lifecycle.kill_server, host, profile, handle, token=token, logger=logger)
 
 
-async def kill_server(host: Host, profile: ServerProfile, stages: LifecycleOptions | None = None, *,
+async def kill_server(host: Host, profile: ServerProfile, stages: LifecycleConfig | None = None, *,
                       handle: ServerHandle | None = None, token: str | None = None) -> KillReport:
     """Stop the server of ``handle`` (or of the start ``token``), else specsweep's leftovers for the
     profile's port (the SSH user's processes that carry its marker); verify nothing is left."""
-    return await _kill.with_options(**(stages or LifecycleOptions()).kill.task_options())(host, profile, handle, token)
+    return await _kill.with_options(**(stages or LifecycleConfig()).kill.task_options())(host, profile, handle, token)
 
 
 T = TypeVar("T")
@@ -112,7 +112,7 @@ class Server:
 
     host: Host
     profile: ServerProfile
-    stages: LifecycleOptions
+    stages: LifecycleConfig
     handle: ServerHandle
     path: ServerPath
     target: BenchTarget
@@ -140,7 +140,7 @@ class Server:
 
 
 @asynccontextmanager
-async def start_server(host: Host, profile: ServerProfile, request: RequestOptions, stages: LifecycleOptions, *,
+async def start_server(host: Host, profile: ServerProfile, request: RequestSpec, stages: LifecycleConfig, *,
                        marker: str) -> AsyncIterator[Server]:
     """Launch the server detached (its environment carrying this start's token), and, however the block
     ends, kill it (by that token: this start's server only) and close the client's path to it.
@@ -191,7 +191,7 @@ async def _forget(record: StartRecord) -> None:
                              exc if str(exc) else f"no answer within {FORGET_TIMEOUT_S:g} s")
 
 
-async def _final_kill(host: Host, profile: ServerProfile, stages: LifecycleOptions, handle: ServerHandle | None,
+async def _final_kill(host: Host, profile: ServerProfile, stages: LifecycleConfig, handle: ServerHandle | None,
                       token: str, server: Server | None = None) -> Exception | None:
     """The final kill of this start's server (by its token), however the run ends; the error when the
     server could not be reached."""

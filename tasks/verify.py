@@ -69,7 +69,7 @@ async def verify_recommendation(run: Run, host: Host, base: Configuration, spec:
     arms = [ServerArm(run, host, await run.configuration(profile, host.label, verifies=(key, arm)))
             for profile, arm in zip((base.profile, spec.profile, schedule), verify.ARMS, strict=True)]
     levels = {lv.concurrency for lv in comparison.levels}
-    points = [p for p in run.points if p.mode == "concurrency" and int(p.value) in levels]
+    points = [p for p in run.levels if p.mode == "concurrency" and int(p.value) in levels]
     more = verify.needs_more(decision, run.settings.sweep.num_requests, comparison.recommendation.speculation_off_from)
     await designs.in_turn(arms, points, more, restart=restart)
     return True

@@ -27,7 +27,7 @@ from specsweep.analysis.traffic import TrafficView, traffic_view
 from specsweep.analysis.verify import ARMS, Verification, verify_levels
 from specsweep.engines import PerBatchSetting, SpeculationSettings
 from specsweep.errors import ConfigError, MeasurementError
-from specsweep.records import LevelRow, RunRow
+from specsweep.records import BlockRow, RunRow
 from specsweep.results import ResultsStore
 
 FINGERPRINT_KEYS = ("gpu", "gpu_count", "driver", "engine_version", "model")
@@ -117,9 +117,9 @@ def check_fingerprints(base_run: RunRow, spec_run: RunRow, allow_mismatch: bool)
     return diffs
 
 
-def _by_level(rows: Sequence[LevelRow]) -> dict[int, list[LevelRow]]:
+def _by_level(rows: Sequence[BlockRow]) -> dict[int, list[BlockRow]]:
     """The blocks that count (not set aside as disturbed), by concurrency."""
-    out: dict[int, list[LevelRow]] = {}
+    out: dict[int, list[BlockRow]] = {}
     for r in sorted(rows, key=lambda r: (r.level_index, r.repeat)):
         if r.mode == "concurrency" and r.concurrency is not None and r.disturbed is None:
             out.setdefault(r.concurrency, []).append(r)
@@ -131,7 +131,7 @@ def _median(values: Sequence[float | None]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def _mean_interval(rows: Sequence[LevelRow]) -> tuple[float, tuple[float, float] | None]:
+def _mean_interval(rows: Sequence[BlockRow]) -> tuple[float, tuple[float, float] | None]:
     logs = [math.log(max(r.throughput, 1e-9)) for r in rows]
     mean = statistics.fmean(logs)
     if len(logs) < 2:
@@ -140,7 +140,7 @@ def _mean_interval(rows: Sequence[LevelRow]) -> tuple[float, tuple[float, float]
     return math.exp(mean), (math.exp(mean - half), math.exp(mean + half))
 
 
-def compare_levels(base_rows: Sequence[LevelRow], spec_rows: Sequence[LevelRow], *, decision: DecisionConfig,
+def compare_levels(base_rows: Sequence[BlockRow], spec_rows: Sequence[BlockRow], *, decision: DecisionConfig,
                    paired: bool, num_requests: int, baseline_name: str = "baseline",
                    speculative_name: str = "speculative") -> Comparison:
     base, spec = _by_level(base_rows), _by_level(spec_rows)
@@ -203,17 +203,17 @@ def compare_levels(base_rows: Sequence[LevelRow], spec_rows: Sequence[LevelRow],
     return comp
 
 
-def _reasons(rows: Sequence[LevelRow]) -> str:
+def _reasons(rows: Sequence[BlockRow]) -> str:
     """Why these blocks were set aside: the first three distinct reasons."""
     why = sorted({r.disturbed for r in rows if r.disturbed})
     return "; ".join(why[:3]) + (" ..." if len(why) > 3 else "")
 
 
-def _levels_of(rows: Sequence[LevelRow]) -> set[int]:
+def _levels_of(rows: Sequence[BlockRow]) -> set[int]:
     return {r.concurrency for r in rows if r.mode == "concurrency" and r.concurrency is not None}
 
 
-def _measured(rows: Sequence[LevelRow], c: int) -> tuple[int, bool]:
+def _measured(rows: Sequence[BlockRow], c: int) -> tuple[int, bool]:
     """How many blocks were measured at level c, and whether one of them counts."""
     at = [r for r in rows if r.mode == "concurrency" and r.concurrency == c]
     return len(at), any(r.disturbed is None for r in at)
@@ -305,7 +305,7 @@ def verification_of(store: ResultsStore, comp: Comparison, decision: DecisionCon
     return v
 
 
-def prompts_differ(base: list[LevelRow], spec: list[LevelRow]) -> list[str]:
+def prompts_differ(base: list[BlockRow], spec: list[BlockRow]) -> list[str]:
     """The blocks (level and repeat) whose two configurations were sent different prompts."""
     digests = {(r.concurrency, r.request_rate_per_s, r.repeat): r.prompts_digest for r in base}
     return [f"{r.label} block {r.repeat}" for r in spec

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from specsweep.analysis.slo import SLO
 from specsweep.analysis.stats import RatioInterval, Verdict, ratio_interval, simultaneous_confidence, t_quantile, verdict
-from specsweep.records import LevelRow
+from specsweep.records import BlockRow
 
 Design = Literal["sequential", "alternate"]
 Alternation = Literal["side-by-side", "restart"]
@@ -63,19 +63,19 @@ class DecisionConfig(BaseModel):
         return simultaneous_confidence(self.confidence, self.max_blocks(num_requests) - self.min_blocks + 1)
 
 
-def throughputs(rows: Sequence[LevelRow]) -> list[float]:
+def throughputs(rows: Sequence[BlockRow]) -> list[float]:
     """Steady output tokens/s of each block (a block that produced nothing counts as a tiny positive number)."""
     return [max(r.throughput, 1e-9) for r in rows]
 
 
-def level_verdict(base: Sequence[LevelRow], spec: Sequence[LevelRow], config: DecisionConfig, *, paired: bool,
+def level_verdict(base: Sequence[BlockRow], spec: Sequence[BlockRow], config: DecisionConfig, *, paired: bool,
                   num_requests: int) -> tuple[RatioInterval, Verdict]:
     interval = ratio_interval(throughputs(base), throughputs(spec), paired=paired,
                               confidence=config.look_confidence(num_requests))
     return interval, verdict(interval, config.margin)
 
 
-def budget_spent(rows: Sequence[LevelRow], config: DecisionConfig, num_requests: int, blocks: int) -> bool:
+def budget_spent(rows: Sequence[BlockRow], config: DecisionConfig, num_requests: int, blocks: int) -> bool:
     return blocks >= config.max_blocks(num_requests) or sum(r.duration_s for r in rows) >= config.max_seconds_per_level
 
 
@@ -113,14 +113,14 @@ def _hopeful(interval: RatioInterval, config: DecisionConfig, num_requests: int)
     return math.isfinite(blocks_needed(interval, config.margin, most=int(HOPELESS * budget)))
 
 
-MoreForPair = Callable[[list[LevelRow], list[LevelRow]], bool]
-More = Callable[[list[LevelRow]], bool]
+MoreForPair = Callable[[list[BlockRow], list[BlockRow]], bool]
+More = Callable[[list[BlockRow]], bool]
 
 
 def pair_needs_more(config: DecisionConfig, num_requests: int) -> MoreForPair:
     """Alternate design: another pair of blocks at this level?"""
 
-    def more(base: list[LevelRow], spec: list[LevelRow]) -> bool:
+    def more(base: list[BlockRow], spec: list[BlockRow]) -> bool:
         n = min(len(base), len(spec))
         if n < config.min_blocks:
             return True
@@ -135,7 +135,7 @@ def pair_needs_more(config: DecisionConfig, num_requests: int) -> MoreForPair:
 def baseline_needs_more(config: DecisionConfig, num_requests: int) -> More:
     """Sequential design, baseline: another block until its throughput is known to ±margin/2."""
 
-    def more(rows: list[LevelRow]) -> bool:
+    def more(rows: list[BlockRow]) -> bool:
         if len(rows) < config.min_blocks:
             return True
         # The speculative blocks get the rest of the level's time budget.
@@ -151,10 +151,10 @@ def baseline_needs_more(config: DecisionConfig, num_requests: int) -> More:
     return more
 
 
-def speculative_needs_more(config: DecisionConfig, num_requests: int, base: list[LevelRow]) -> More:
+def speculative_needs_more(config: DecisionConfig, num_requests: int, base: list[BlockRow]) -> More:
     """Sequential design, speculative: another block until its verdict against ``base`` is decided."""
 
-    def more(spec: list[LevelRow]) -> bool:
+    def more(spec: list[BlockRow]) -> bool:
         if len(spec) < config.min_blocks:
             return True
         if not base:  # the baseline never reached this level: nothing to decide against

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from specsweep.records import LevelRow
+from specsweep.records import BlockRow
 
 
 class SLO(BaseModel):
@@ -134,7 +134,7 @@ def _summary(slo: SLO, b: int | None, s: int | None, cs: Sequence[int]) -> str:
     return head + ": speculation lowers the capacity."
 
 
-def requests_by_level(frame: Iterable[Mapping[str, object]], rows: Sequence[LevelRow]) -> dict[int, tuple[list[Request], float]]:
+def requests_by_level(frame: Iterable[Mapping[str, object]], rows: Sequence[BlockRow]) -> dict[int, tuple[list[Request], float]]:
     """The measured requests of the blocks that count (not warm-ups; not blocks set aside), and those blocks'
     seconds, by concurrency. ``frame``: request records with mode, level_value, repeat, warmup, ttft_ms,
     tpot_ms, output_tokens, error_type."""

@@ -29,7 +29,7 @@ from pydantic import BaseModel, Field
 
 from specsweep.analysis.recommend import LevelVerdict, Recommendation, recommend
 from specsweep.analysis.stats import Verdict, ratio_interval, verdict
-from specsweep.records import LevelRow
+from specsweep.records import BlockRow
 
 COLUMNS = ("mode", "level_value", "repeat", "warmup", "prompt_index", "category", "output_tokens", "e2e_ms",
            "error_type", "spec_verify_ct", "spec_draft_tokens", "spec_accepted_tokens", "output_digest", "finish_reason")
@@ -90,7 +90,7 @@ class TrafficView(BaseModel):
         return sorted({lv.category for lv in self.levels if lv.category != MIX}) + [MIX]
 
 
-def _counted(rows: Sequence[LevelRow]) -> set[tuple[int, int]]:
+def _counted(rows: Sequence[BlockRow]) -> set[tuple[int, int]]:
     return {(int(r.concurrency or 0), r.repeat) for r in rows if r.mode == "concurrency" and r.disturbed is None}
 
 
@@ -131,7 +131,7 @@ def _by_round(pairs: Sequence[tuple[int, float, float]]) -> list[tuple[float, fl
 
 
 def traffic_view(base_frame: Iterable[Mapping[str, Any]], spec_frame: Iterable[Mapping[str, Any]],
-                 base_rows: Sequence[LevelRow], spec_rows: Sequence[LevelRow], *, margin: float,
+                 base_rows: Sequence[BlockRow], spec_rows: Sequence[BlockRow], *, margin: float,
                  names: tuple[str, str] = ("baseline", "speculative"),
                  batch: Mapping[int, tuple[float | None, float | None]] | None = None,
                  confidence: float = 0.95, unanswered: Sequence[int] = ()) -> TrafficView:

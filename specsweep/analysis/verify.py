@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from specsweep.analysis.decision import DecisionConfig, budget_spent, throughputs
 from specsweep.analysis.stats import ratio_interval
-from specsweep.records import LevelRow
+from specsweep.records import BlockRow
 
 Result = Literal["reaches", "falls short", "undetermined"]
 Status = Literal["verified", "failed", "undetermined"]
@@ -57,12 +57,12 @@ class Verification(BaseModel):
     summary: str = ""
 
 
-def _geomean(rows: Sequence[LevelRow]) -> float:
+def _geomean(rows: Sequence[BlockRow]) -> float:
     return math.exp(statistics.fmean(math.log(x) for x in throughputs(rows)))
 
 
-def check_level(concurrency: int, speculates: bool, off: Sequence[LevelRow], on: Sequence[LevelRow],
-                schedule: Sequence[LevelRow], *, margin: float, confidence: float) -> LevelCheck:
+def check_level(concurrency: int, speculates: bool, off: Sequence[BlockRow], on: Sequence[BlockRow],
+                schedule: Sequence[BlockRow], *, margin: float, confidence: float) -> LevelCheck:
     """One level's check from its paired blocks (round i of each arm measured back to back)."""
     means = {"off": _geomean(off), "on": _geomean(on), "schedule": _geomean(schedule)}
     better: Literal["off", "on"] = "on" if means["on"] > means["off"] else "off"
@@ -77,15 +77,15 @@ def check_level(concurrency: int, speculates: bool, off: Sequence[LevelRow], on:
                       blocks=min(len(off), len(on), len(schedule)), result=result)
 
 
-def _by_concurrency(rows: Sequence[LevelRow]) -> dict[int, list[LevelRow]]:
-    out: dict[int, list[LevelRow]] = {}
+def _by_concurrency(rows: Sequence[BlockRow]) -> dict[int, list[BlockRow]]:
+    out: dict[int, list[BlockRow]] = {}
     for r in sorted(rows, key=lambda r: (r.level_index, r.repeat)):
         if r.disturbed is None and r.mode == "concurrency" and r.concurrency is not None:
             out.setdefault(r.concurrency, []).append(r)
     return out
 
 
-def verify_levels(off: Sequence[LevelRow], on: Sequence[LevelRow], schedule: Sequence[LevelRow], *,
+def verify_levels(off: Sequence[BlockRow], on: Sequence[BlockRow], schedule: Sequence[BlockRow], *,
                   off_from: int | None, setting: str, decision: DecisionConfig, num_requests: int) -> Verification:
     """The verification from the three arms' blocks. ``off_from``: the recommendation's threshold (None: on
     everywhere)."""
@@ -118,11 +118,11 @@ def _summary(status: Status, levels: Sequence[LevelCheck], margin: float) -> str
 
 
 def needs_more(decision: DecisionConfig, num_requests: int,
-               off_from: int | None) -> Callable[[list[list[LevelRow]]], bool]:
+               off_from: int | None) -> Callable[[list[list[BlockRow]]], bool]:
     """Another round of the three arms (off, on, schedule) at a level? Until its check is decided or its
     budget is spent (``decision.min_blocks`` rounds at least)."""
 
-    def more(clean: list[list[LevelRow]]) -> bool:
+    def more(clean: list[list[BlockRow]]) -> bool:
         n = min(len(rows) for rows in clean)
         if n < decision.min_blocks:
             return True

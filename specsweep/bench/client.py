@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 from specsweep import engines
-from specsweep.bench.config import RequestOptions
+from specsweep.bench.config import RequestSpec
 from specsweep.bench.workload import Prompt
 from specsweep.records import RequestRecord
 from specsweep.server.http1 import ConnectionLost, HTTPStatusError, Pool, ProtocolError
@@ -36,7 +36,7 @@ PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions", "gene
 _perf = time.perf_counter
 
 
-def request_body(opts: RequestOptions, prompt: Prompt, output_len: int, model: str | None,
+def request_body(opts: RequestSpec, prompt: Prompt, output_len: int, model: str | None,
                  engine: str = engines.CUSTOM) -> dict[str, Any]:
     """The JSON body of one streamed request, with what the engine asks to be sent (its per-request
     speculation figures, where it has them). ``output_len`` caps the prompt's own output length."""

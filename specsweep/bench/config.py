@@ -65,7 +65,7 @@ class RequestParams(BaseModel):
         return self.endpoint or "completions"
 
 
-class RequestOptions(RequestParams):
+class RequestSpec(RequestParams):
     """How each request is made, with the API key itself (the command line, and flows once the
     key has been read from its Secret block)."""
 

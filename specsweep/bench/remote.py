@@ -25,12 +25,12 @@ from typing import Any
 import orjson
 
 from specsweep import __version__
-from specsweep.bench.config import RequestOptions, SweepConfig
+from specsweep.bench.config import RequestSpec, SweepConfig
 from specsweep.bench.runner import Load, run_async, run_from_wire, run_level, run_to_wire
 from specsweep.bench.workload import Prompt
 from specsweep.errors import ConfigError, HostError
 from specsweep.hosts.base import Host
-from specsweep.records import Level, LevelRun
+from specsweep.records import Block, BlockRun
 from specsweep.server.api import ServerAPI
 
 #: Bumped whenever the payload changes: both sides must speak the same one.
@@ -48,7 +48,7 @@ def load_to_wire(load: Load) -> dict[str, Any]:
 
 
 def load_from_wire(wire: dict[str, Any]) -> Load:
-    return Load(base_url=wire["base_url"], request=RequestOptions(**wire["request"]),
+    return Load(base_url=wire["base_url"], request=RequestSpec(**wire["request"]),
                 prompts=tuple(Prompt.from_wire(p) for p in wire["prompts"]), output_len=wire["output_len"],
                 sweep=SweepConfig(**wire["sweep"]), model=wire["model"], engine=wire["engine"],
                 warmup_prompts=tuple(Prompt.from_wire(p) for p in wire["warmup_prompts"]))
@@ -87,7 +87,7 @@ class HostLoadGenerator:
             "this checkout), set host_python to one that has it, or set load_generator to 'client'."
         )
 
-    def timeout_s(self, load: Load, level: Level) -> float:
+    def timeout_s(self, load: Load, level: Block) -> float:
         """A bound on one level (its warm-up and timed requests in waves of its concurrency), so that a
         hung host cannot hold the run forever."""
         sweep, per_request = load.sweep, load.request.timeout_s
@@ -99,7 +99,7 @@ class HostLoadGenerator:
             return sweep.num_requests / max(level.value, 1e-3) + (warm + 1) * per_request + 120
         return (warm + math.ceil(sweep.num_requests / conc)) * per_request + 120
 
-    async def run(self, load: Load, level: Level) -> LevelRun:
+    async def run(self, load: Load, level: Block) -> BlockRun:
         """One level on the host. Not retried when the SSH link drops under it (that would send its load
         twice): the level fails, naming the cut, and a retry of the run measures it again."""
         payload = orjson.dumps({"protocol": PROTOCOL, "load": load_to_wire(replace(load, base_url=self.base_url)),
@@ -124,7 +124,7 @@ def on_host(host: Host, bind: str, port: int) -> HostLoadGenerator | None:
 
 
 async def _serve(wire: dict[str, Any]) -> dict[str, Any]:
-    load, level = load_from_wire(wire["load"]), Level(**wire["level"])
+    load, level = load_from_wire(wire["load"]), Block(**wire["level"])
     async with ServerAPI(load.base_url, load.request.api_key) as api:
         return run_to_wire(await run_level(load, level, counters=api.engine_snapshot))
 

@@ -25,10 +25,10 @@ import orjson
 
 from specsweep import engines
 from specsweep.bench.client import PATHS, request_body, stream_request
-from specsweep.bench.config import RequestOptions, SweepConfig
+from specsweep.bench.config import RequestSpec, SweepConfig
 from specsweep.bench.workload import Prompt
 from specsweep.errors import ConfigError
-from specsweep.records import Level, LevelRun, RequestRecord
+from specsweep.records import Block, BlockRun, RequestRecord
 from specsweep.server.http1 import Pool, bearer
 
 FD_MARGIN = 64
@@ -165,7 +165,7 @@ class Load:
     """What the load generator sends at every level: where, how, which prompts, how many."""
 
     base_url: str
-    request: RequestOptions
+    request: RequestSpec
     prompts: tuple[Prompt, ...]
     output_len: int
     sweep: SweepConfig
@@ -184,7 +184,7 @@ class Load:
 class _Share:
     """One client process's part of a level."""
 
-    level: Level  # its value: this process's share of the concurrency or rate
+    level: Block  # its value: this process's share of the concurrency or rate
     count: int
     warmup: int
     seed: int
@@ -198,7 +198,7 @@ async def run_level_in_process(
     *,
     counters: Counters | None = None,
     on_request: Callable[[RequestRecord], None] | None = None,
-) -> LevelRun:
+) -> BlockRun:
     """One level (or one worker's share of it) in this process's event loop."""
     level, sweep, opts = share.level, load.sweep, load.request
     count, warmup = share.count, share.warmup
@@ -257,7 +257,7 @@ async def run_level_in_process(
     pool.close()
     engine_after = await counters() if counters else {}
     p99, worst = lag.stats_ms()
-    return LevelRun(level, records, started_at, cpu, wall, p99, worst, 1, engine_before, engine_after,
+    return BlockRun(level, records, started_at, cpu, wall, p99, worst, 1, engine_before, engine_after,
                     connections_opened=pool.opened)
 
 
@@ -271,7 +271,7 @@ def run_async(coro: Any) -> Any:
         return asyncio.run(coro)
 
 
-def run_to_wire(run: LevelRun) -> dict[str, Any]:
+def run_to_wire(run: BlockRun) -> dict[str, Any]:
     """A level's outcome as plain data, for crossing a process boundary (client worker processes, and
     the load generator on the GPU host): its records and what the client measured of itself."""
     return {"records": [r.as_dict() for r in run.records], "cpu": run.client_cpu_s, "wall": run.client_wall_s,
@@ -280,8 +280,8 @@ def run_to_wire(run: LevelRun) -> dict[str, Any]:
             "engine_after": run.engine_after}
 
 
-def run_from_wire(level: Level, wire: dict[str, Any]) -> LevelRun:
-    return LevelRun(level, [RequestRecord(**row) for row in wire["records"]], wire["started_at"],
+def run_from_wire(level: Block, wire: dict[str, Any]) -> BlockRun:
+    return BlockRun(level, [RequestRecord(**row) for row in wire["records"]], wire["started_at"],
                     client_cpu_s=wire["cpu"], client_wall_s=wire["wall"], loop_lag_p99_ms=wire["lag_p99"],
                     loop_lag_max_ms=wire["lag_max"], workers=wire.get("workers", 1),
                     engine_before=wire.get("engine_before", {}), engine_after=wire.get("engine_after", {}),
@@ -294,11 +294,11 @@ def _worker_entry(load: Load, share: _Share) -> dict[str, Any]:
 
 async def run_level(
     load: Load,
-    level: Level,
+    level: Block,
     *,
     counters: Counters | None = None,
     on_request: Callable[[RequestRecord], None] | None = None,
-) -> LevelRun:
+) -> BlockRun:
     """One level, in this process or spread over ``sweep.workers`` processes. ``counters`` reads the
     server's cumulative counters; it is called right before and right after the timed load."""
     sweep = load.sweep
@@ -334,7 +334,7 @@ async def run_level(
     engine_after = await counters() if counters else {}
     records = [RequestRecord(**row) for res in results for row in res["records"]]
     lags = [r["lag_p99"] for r in results if r["lag_p99"] is not None]
-    return LevelRun(
+    return BlockRun(
         level, records, min(r["started_at"] for r in results),
         client_cpu_s=sum(r["cpu"] for r in results), client_wall_s=max(r["wall"] for r in results),
         loop_lag_p99_ms=max(lags) if lags else None,
@@ -344,7 +344,7 @@ async def run_level(
     )
 
 
-def sweep_seed(level: Level) -> int:
+def sweep_seed(level: Block) -> int:
     """A seed per level and repeat that is the same in every process and run."""
     return (int(level.value * 1000) * 7919 + level.repeat * 104729 + (0 if level.mode == "concurrency" else 15485863)) \
         & 0x7FFFFFFF

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from specsweep import engines
-from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
+from specsweep.bench.config import RequestSpec, SweepConfig, WorkloadConfig
 from specsweep.bench.remote import on_host
 from specsweep.bench.workload import check_source
 from specsweep.cli.app import app
@@ -34,7 +34,7 @@ from specsweep.errors import ConfigError, SpecsweepError
 from specsweep.hosts import Host, open_host
 from specsweep.hosts.tunnel import ServerPath, open_path
 from specsweep.profiles import describe_validation_error
-from specsweep.records import LevelRow
+from specsweep.records import BlockRow
 from specsweep.reports.tables import console, summary_table
 from specsweep.results import ResultsStore, new_run_id
 from specsweep.results.run_record import RunRecorder
@@ -44,7 +44,6 @@ from specsweep.sweep import (
     SweepJob,
     measure_level,
     new_run_row,
-    points,
     repeats,
     run_levels,
     set_aside,
@@ -113,7 +112,7 @@ def bench(
             api_key = os.environ.get(api_key_env) if api_key_env else None
             if api_key_env and not api_key:
                 raise ConfigError(f"--api-key-env {api_key_env}: that environment variable is not set")
-            target = BenchTarget(base_url=url, engine=engine, request=RequestOptions(
+            target = BenchTarget(base_url=url, engine=engine, request=RequestSpec(
                 endpoint=endpoint, api_key=SecretStr(api_key) if api_key else None, timeout_s=timeout,
                 ignore_eos=ignore_eos, temperature=temperature, top_p=top_p))
             sweep = SweepConfig(concurrency=numbers(concurrency, int, "--concurrency") or [1],
@@ -128,7 +127,7 @@ def bench(
             raise ConfigError(describe_validation_error(exc, "benchmark options")) from None
         store.check_writable()
         check_source(job.workload)
-        levels = points(sweep)
+        levels = sweep_levels(sweep)
         generator = on_host(connection, bind, port) if connection is not None and port is not None else None
         if generator is not None:
             typer.echo(f"levels run on the host by {generator.python} against {generator.base_url}", err=True)
@@ -137,12 +136,12 @@ def bench(
                 Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                          console=err, transient=False) as progress:
 
-            async def sweep_all() -> list[LevelRow]:
+            async def sweep_all() -> list[BlockRow]:
                 async with target.api() as api:
                     record.record_fingerprint(await server_fingerprint(api, engine))
                 bar = progress.add_task("requests", total=len(levels) * repeat * num_prompts)
 
-                async def level_done(row: LevelRow, done: int, total: int) -> None:
+                async def level_done(row: BlockRow, done: int, total: int) -> None:
                     if generator is not None:  # the host's load generator reports whole levels
                         progress.advance(bar, num_prompts)
                     if row.disturbed:  # measured again: a block more to go

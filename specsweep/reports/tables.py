@@ -14,7 +14,7 @@ from specsweep.analysis.compare import Comparison
 from specsweep.analysis.traffic import MIX, TrafficView
 from specsweep.analysis.tuning import Tuning
 from specsweep.analysis.verify import Verification
-from specsweep.records import LevelRow
+from specsweep.records import BlockRow
 from specsweep.reports.markdown import acceptance_words, batch_cell, batch_span, configure_lines, headline
 
 
@@ -43,7 +43,7 @@ SUMMARY_COLUMNS = [
 ]
 
 
-def summary_rows(rows: Sequence[LevelRow]) -> list[list[str]]:
+def summary_rows(rows: Sequence[BlockRow]) -> list[list[str]]:
     out = []
     for r in rows:
         cells = []
@@ -60,7 +60,7 @@ def summary_rows(rows: Sequence[LevelRow]) -> list[list[str]]:
     return out
 
 
-def summary_table(rows: Sequence[LevelRow], title: str = "") -> Table:
+def summary_table(rows: Sequence[BlockRow], title: str = "") -> Table:
     table = Table(title=title)
     for name, _ in SUMMARY_COLUMNS:
         table.add_column(name, justify="left" if name == "level" else "right")

@@ -7,7 +7,7 @@ import json
 from types import TracebackType
 from typing import Any
 
-from specsweep.records import LevelRow, RunRow, RunStatus
+from specsweep.records import BlockRow, RunRow, RunStatus
 from specsweep.results.store import ResultsStore, now_iso
 
 
@@ -46,7 +46,7 @@ class RunRecorder:
             status = "cancelled" if cancelled else "failed"
         self.update(status=status, ended_at=now_iso(), error=describe_error(exc) if exc is not None else None)
 
-def finished_run(store: ResultsStore, run_id: str) -> list[LevelRow] | None:
+def finished_run(store: ResultsStore, run_id: str) -> list[BlockRow] | None:
     """The levels of a run that completed (in an earlier try of the same flow run), else None."""
     if not store.has_run(run_id) or store.run(run_id).status != "completed":
         return None

@@ -1,7 +1,7 @@
 """The results store: three Parquet datasets under one root, partitioned by run id.
 
     <root>/runs/run_id=<id>/run.parquet            one row per run (RunRow)
-    <root>/levels/run_id=<id>/<level>.parquet      one row per level and repeat (LevelRow)
+    <root>/levels/run_id=<id>/<level>.parquet      one row per level and repeat (BlockRow)
     <root>/requests/run_id=<id>/<level>.parquet    one row per request (RequestRow)
     <root>/reports/<name>/                         comparison reports: report.md, plots, engine configs
 
@@ -27,10 +27,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from specsweep.errors import StoreError
-from specsweep.records import LevelRow, RequestRow, Row, RunRow, arrow_schema
+from specsweep.records import BlockRow, RequestRow, Row, RunRow, arrow_schema
 from specsweep.results.location import DEFAULT_ROOT, ResultsLocation
 
-_SCHEMAS = {RunRow: arrow_schema(RunRow), LevelRow: arrow_schema(LevelRow), RequestRow: arrow_schema(RequestRow)}
+_SCHEMAS = {RunRow: arrow_schema(RunRow), BlockRow: arrow_schema(BlockRow), RequestRow: arrow_schema(RequestRow)}
 
 
 def to_table(rows: Sequence[Row]) -> pa.Table:
@@ -72,12 +72,12 @@ class ResultsStore:
     def write_run(self, run_id: str, row: RunRow) -> None:
         self.location.write_bytes(f"runs/run_id={run_id}/run.parquet", _parquet_bytes(to_table([row])))
 
-    def write_level(self, run_id: str, level_key: str, row: LevelRow, requests: Sequence[RequestRow]) -> None:
+    def write_level(self, run_id: str, level_key: str, row: BlockRow, requests: Sequence[RequestRow]) -> None:
         if requests:
             self.location.write_bytes(f"requests/run_id={run_id}/{level_key}.parquet", _parquet_bytes(to_table(requests)))
         self.location.write_bytes(f"levels/run_id={run_id}/{level_key}.parquet", _parquet_bytes(to_table([row])))
 
-    def write_level_row(self, run_id: str, level_key: str, row: LevelRow) -> None:
+    def write_level_row(self, run_id: str, level_key: str, row: BlockRow) -> None:
         """A level's row again (its requests unchanged): a block set aside after it was stored. A row stored
         already as it is (a retry judging a block its first try judged) is left as it was."""
         rel, data = f"levels/run_id={run_id}/{level_key}.parquet", _parquet_bytes(to_table([row]))
@@ -134,19 +134,19 @@ class ResultsStore:
             df = df.sort_values(["run_id", "level_index", "repeat"]).reset_index(drop=True)
         return df
 
-    def level_rows(self, run_id: str) -> list[LevelRow]:
+    def level_rows(self, run_id: str) -> list[BlockRow]:
         """A run's levels as typed rows, in sweep order."""
-        rows = [LevelRow.from_record(r) for t in self._tables("levels", run_id) for r in t.to_pylist()]
+        rows = [BlockRow.from_record(r) for t in self._tables("levels", run_id) for r in t.to_pylist()]
         return sorted(rows, key=lambda r: (r.level_index, r.repeat))
 
-    def level_row(self, run_id: str, level_key: str) -> LevelRow | None:
+    def level_row(self, run_id: str, level_key: str) -> BlockRow | None:
         """One stored level of a run, or None when it was not stored (whole: a level is written last)."""
         rel = f"levels/run_id={run_id}/{level_key}.parquet"
         if not self.location.exists(rel):
             return None
         with self.location.fs.open_input_file(self.location.path(rel)) as f:
             rows = pq.read_table(f).to_pylist()
-        return LevelRow.from_record(rows[0]) if rows else None
+        return BlockRow.from_record(rows[0]) if rows else None
 
     def requests(self, run_ids: Sequence[str]) -> pd.DataFrame:
         return self._read("requests", run_ids)

@@ -11,12 +11,12 @@ The CLI hands ``run_levels`` the plain ``measure_level``; the flows hand it thei
 check. ``specsweep.designs`` drives it for comparisons and grids.
 """
 
-from specsweep.sweep.job import BenchTarget, Point, SweepJob, new_run_row, points
+from specsweep.sweep.job import BenchTarget, Level, SweepJob, new_run_row, sweep_levels
 from specsweep.sweep.levels import MAX_SET_ASIDE, PAIRED_WITH_DISTURBED, More, merge_repeats, repeats, run_levels, saturated
 from specsweep.sweep.measure import measure_level, set_aside, stored_level
 from specsweep.sweep.prompts import request_for, server_tokenizer, warmup_workload
 from specsweep.sweep.warmup import WarmUp, settle
 
-__all__ = ["MAX_SET_ASIDE", "PAIRED_WITH_DISTURBED", "BenchTarget", "More", "Point", "SweepJob", "WarmUp", "measure_level",
-           "merge_repeats", "new_run_row", "points", "repeats", "request_for", "run_levels", "saturated", "server_tokenizer",
+__all__ = ["MAX_SET_ASIDE", "PAIRED_WITH_DISTURBED", "BenchTarget", "More", "Level", "SweepJob", "WarmUp", "measure_level",
+           "merge_repeats", "new_run_row", "repeats", "request_for", "run_levels", "saturated", "server_tokenizer",
            "set_aside", "settle", "stored_level", "warmup_workload"]

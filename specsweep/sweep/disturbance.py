@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from specsweep.records import LevelRun, RequestRecord
+from specsweep.records import BlockRun, RequestRecord
 
 #: A level's own pace: no token from any request for longer than this many of its median gaps between
 #: arrivals (and than twice its TTFT p90, and STALL_FLOOR_S) is a stall of the server, not its pace.
@@ -75,7 +75,7 @@ def own_cause(reason: str | None) -> str | None:
     """The kind of a block's own disturbance; None for none, or for a judgement against other blocks."""
     return next((kind for kind, start in OWN_CAUSES.items() if reason and start.match(reason)), None)
 
-def disturbance(run: LevelRun, figures: dict[str, Any]) -> str | None:
+def disturbance(run: BlockRun, figures: dict[str, Any]) -> str | None:
     """Why the machine, not the server under test, shaped this block; None when nothing did."""
     if figures["failed"]:
         return f"{figures['failed']} request(s) failed ({figures['errors']})"

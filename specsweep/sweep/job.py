@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field
 
 from specsweep import engines
-from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
-from specsweep.records import Level, Mode, RunRow
+from specsweep.bench.config import RequestSpec, SweepConfig, WorkloadConfig
+from specsweep.records import Block, Mode, RunRow
 from specsweep.results import ResultsStore, now_iso
 from specsweep.server.api import ServerAPI
 
@@ -20,7 +20,7 @@ class BenchTarget(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     base_url: str = Field(description="Server address, e.g. http://127.0.0.1:30000.", pattern=r"^https?://[^\s/]+")
-    request: RequestOptions = Field(default_factory=RequestOptions, description="Endpoint, API key, sampling.")
+    request: RequestSpec = Field(default_factory=RequestSpec, description="Endpoint, API key, sampling.")
     engine: str = Field(engines.CUSTOM, description="The engine behind the URL (what its requests ask for, what its "
                         "answers carry).")
 
@@ -38,23 +38,23 @@ class SweepJob:
     sweep: SweepConfig
 
 @dataclass(frozen=True)
-class Point:
+class Level:
     """A level of the sweep before its blocks: where it stands, closed or open loop, how much load."""
 
     index: int
     mode: Mode
     value: float
 
-    def block(self, repeat: int) -> Level:
-        return Level(index=self.index, mode=self.mode, value=self.value, repeat=repeat)
+    def block(self, repeat: int) -> Block:
+        return Block(index=self.index, mode=self.mode, value=self.value, repeat=repeat)
 
     @property
     def label(self) -> str:
         return self.block(0).label
 
-def points(sweep: SweepConfig) -> list[Point]:
+def sweep_levels(sweep: SweepConfig) -> list[Level]:
     """The sweep's levels in the order they are measured."""
-    return [Point(i, mode, value) for i, (mode, value) in enumerate(sweep.levels())]  # type: ignore[arg-type]
+    return [Level(i, mode, value) for i, (mode, value) in enumerate(sweep.levels())]  # type: ignore[arg-type]
 
 
 def new_run_row(*, config_name: str, engine: str, job: SweepJob, host: str, base_url: str | None = None,

@@ -8,16 +8,16 @@ import statistics
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from specsweep.records import Level, LevelRow
+from specsweep.records import Block, BlockRow
 from specsweep.sweep import disturbance
-from specsweep.sweep.job import Point
+from specsweep.sweep.job import Level
 
-Measure = Callable[[Level], Awaitable[LevelRow]]
+Measure = Callable[[Block], Awaitable[BlockRow]]
 ServerCheck = Callable[[str], Awaitable[None]]
-OnLevel = Callable[[LevelRow, int, int], Awaitable[None]]
+OnLevel = Callable[[BlockRow, int, int], Awaitable[None]]
 
 
-def saturated(rows: list[LevelRow], *, min_gain: float = 0.05) -> bool:
+def saturated(rows: list[BlockRow], *, min_gain: float = 0.05) -> bool:
     """True once output throughput stopped rising for two levels while latency grew.
 
     ``rows`` are per-level figures in sweep order (one per level, repeats merged).
@@ -29,7 +29,7 @@ def saturated(rows: list[LevelRow], *, min_gain: float = 0.05) -> bool:
     lat = [r.e2e_ms_median or 0.0 for r in rows[-3:]]
     return flat and lat[2] > lat[1] > lat[0]
 
-def merge_repeats(rows: list[LevelRow]) -> LevelRow:
+def merge_repeats(rows: list[BlockRow]) -> BlockRow:
     """One row per level: the median over repeats of every measured figure (the level's identity
     and counts are the first repeat's)."""
     if len(rows) == 1:
@@ -39,15 +39,15 @@ def merge_repeats(rows: list[LevelRow]) -> LevelRow:
         values = [v for r in rows if isinstance(v := getattr(r, name), float)]
         if values:
             merged[name] = statistics.median(values)
-    return LevelRow.model_validate(merged)
+    return BlockRow.model_validate(merged)
 
-More = Callable[[Point, list[LevelRow]], bool]
+More = Callable[[Level, list[BlockRow]], bool]
 
 def repeats(n: int) -> More:
     """A fixed number of blocks per level."""
     return lambda point, rows: len(rows) < n
 
-SetAside = Callable[[LevelRow], Awaitable[None]]
+SetAside = Callable[[BlockRow], Awaitable[None]]
 
 #: Blocks (or rounds of blocks in turn) of one level set aside as disturbed at most: past it the level keeps
 #: what it has, and says so.
@@ -61,10 +61,10 @@ class Sweeper:
 
     def __init__(self, stop_at_saturation: bool, on_saturation: Callable[[], None] | None) -> None:
         self.stop_at_saturation, self.on_saturation = stop_at_saturation, on_saturation
-        self.merged: list[LevelRow] = []
+        self.merged: list[BlockRow] = []
 
     @staticmethod
-    async def block(measure: Measure, level: Level, check_server: ServerCheck | None) -> LevelRow:
+    async def block(measure: Measure, level: Block, check_server: ServerCheck | None) -> BlockRow:
         try:
             row = await measure(level)
         except Exception:
@@ -76,8 +76,8 @@ class Sweeper:
         return row
 
     @staticmethod
-    async def judged(row: LevelRow, level_rows: list[LevelRow], clean: list[LevelRow],
-                     set_aside: SetAside | None) -> LevelRow:
+    async def judged(row: BlockRow, level_rows: list[BlockRow], clean: list[BlockRow],
+                     set_aside: SetAside | None) -> BlockRow:
         """The block judged against its level's earlier blocks (``level_rows``, the ``clean`` ones among them).
         Failed requests or a client lag met again after a block was set aside for them are how the level runs
         here: the block counts (stored so), unless no request of it completed (an outage, or a server that
@@ -98,7 +98,7 @@ class Sweeper:
             await set_aside(row)
         return row
 
-    def saturated_after(self, rows: list[LevelRow]) -> bool:
+    def saturated_after(self, rows: list[BlockRow]) -> bool:
         self.merged.append(merge_repeats(rows))
         if self.stop_at_saturation and saturated(self.merged):
             if self.on_saturation is not None:
@@ -107,7 +107,7 @@ class Sweeper:
         return False
 
 async def run_levels(
-    sweep: list[Point],
+    sweep: list[Level],
     measure: Measure,
     *,
     more: More,
@@ -116,11 +116,11 @@ async def run_levels(
     on_level: OnLevel | None = None,
     on_saturation: Callable[[], None] | None = None,
     set_aside: SetAside | None = None,
-) -> list[LevelRow]:
+) -> list[BlockRow]:
     """Measure each level in blocks, in order, and return every block's row.
 
     ``more(point, rows)`` says whether a level needs another block (``repeats(n)`` for a fixed number); it
-    sees only the blocks that count: a block the machine disturbed (``LevelRow.disturbed``; an outlier among
+    sees only the blocks that count: a block the machine disturbed (``BlockRow.disturbed``; an outlier among
     its level's blocks is marked here and stored again by ``set_aside``) is kept and measured again, at most
     MAX_SET_ASIDE times per level; failures or a client lag met again in the block measured again count.
     ``check_server(when)`` runs after a block with failed requests and when
@@ -128,10 +128,10 @@ async def run_levels(
     kept).
     """
     state = Sweeper(stop_at_saturation, on_saturation)
-    rows: list[LevelRow] = []
+    rows: list[BlockRow] = []
     for n, point in enumerate(sweep, 1):
-        level_rows: list[LevelRow] = []
-        clean: list[LevelRow] = []
+        level_rows: list[BlockRow] = []
+        clean: list[BlockRow] = []
         while True:
             row = await state.block(measure, point.block(len(level_rows)), check_server)
             row = await state.judged(row, level_rows, clean, set_aside)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from specsweep import engines, metrics
 from specsweep.bench.remote import HostLoadGenerator
 from specsweep.bench.runner import Load, run_level
-from specsweep.records import Level, LevelRow, RequestRecord
+from specsweep.records import Block, BlockRow, RequestRecord
 from specsweep.server import engine_metrics
 from specsweep.server.gpus import GpuWatch, level_gpu_figures
 from specsweep.sweep.disturbance import disturbance
@@ -22,12 +22,12 @@ ENGINE_SAMPLE_S = 0.25
 async def measure_level(
     target: BenchTarget,
     job: SweepJob,
-    level: Level,
+    level: Block,
     *,
     on_request: Callable[[RequestRecord], None] | None = None,
     on_host: HostLoadGenerator | None = None,
     gpus: GpuWatch | None = None,
-) -> LevelRow:
+) -> BlockRow:
     """Run one level, write it to the store (atomically) and return its row. With ``on_host`` the level's
     load runs on the server's host (its prompts prepared here, as always) and ``on_request`` is not called.
     With ``gpus`` the server's GPUs are read with nvidia-smi while the level runs."""
@@ -70,11 +70,11 @@ async def measure_level(
     job.store.write_level(job.run_id, level.key, row, metrics.request_rows(run))
     return row
 
-async def set_aside(job: SweepJob, row: LevelRow) -> None:
+async def set_aside(job: SweepJob, row: BlockRow) -> None:
     """Store a block again as judged: set aside as disturbed (with its reason), or counted after all (its
     disturbance recurred: the server's)."""
     job.store.write_level_row(job.run_id, row.level.key, row)
 
-def stored_level(job: SweepJob, level: Level) -> LevelRow | None:
+def stored_level(job: SweepJob, level: Block) -> BlockRow | None:
     """The level as this run already stored it (an earlier try of the same flow run measured it), or None."""
     return job.store.level_row(job.run_id, level.key)

@@ -10,7 +10,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from specsweep.bench.config import RequestOptions, WorkloadConfig
+from specsweep.bench.config import RequestSpec, WorkloadConfig
 from specsweep.bench.workload import Prompt, Tokenizer, build_prompts, local_tokenizer, prompts_digest
 from specsweep.errors import ConfigError
 from specsweep.server.api import ServerAPI
@@ -70,7 +70,7 @@ def warmup_workload(workload: WorkloadConfig, prompts: Sequence[Prompt]) -> Work
         "source": "synthetic", "input_len": lengths[len(lengths) // 2] if lengths else workload.input_len,
         "input_len_range": 0.0, "seed": workload.seed + 7_000_003})
 
-def request_for(request: RequestOptions, workload: WorkloadConfig, prompts: Sequence[Prompt]) -> RequestOptions:
+def request_for(request: RequestSpec, workload: WorkloadConfig, prompts: Sequence[Prompt]) -> RequestSpec:
     """The request options with the defaults the prompts decide: chat for chat messages, ignore_eos for synthetic
     text only. Chat messages cannot go to the completions endpoint (the model's chat template would be lost)."""
     chat = any(p.messages for p in prompts)

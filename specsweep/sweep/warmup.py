@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 from specsweep import metrics
 from specsweep.bench.runner import Load, run_level
-from specsweep.records import Level
+from specsweep.records import Block
 from specsweep.sweep.job import BenchTarget, SweepJob
 from specsweep.sweep.prompts import _prompts, request_for, warmup_workload
 
@@ -44,7 +44,7 @@ async def settle(target: BenchTarget, job: SweepJob, *, max_requests: int = 24, 
         for i in range(max_requests):
             load = Load(base_url=target.base_url, request=request, prompts=(prompts[i],),
                         output_len=workload.output_len, sweep=one, model=model, engine=target.engine)
-            run = await run_level(load, Level(index=0, mode="concurrency", value=1))
+            run = await run_level(load, Block(index=0, mode="concurrency", value=1))
             ttft = metrics.ttft_s(run.records[0])
             if ttft is not None:
                 ttfts.append(ttft * 1000)

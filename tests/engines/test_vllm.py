@@ -24,7 +24,7 @@ from flows.compare_speculation import compare_vllm
 from flows.tune_speculation import tune_speculation
 from specsweep.bench.config import SweepConfig, WorkloadConfig
 from specsweep.engines.vllm import check_speculative_config as check_vllm_speculative_config
-from specsweep.parameters import BenchmarkSettings, LifecycleOptions
+from specsweep.parameters import BenchmarkSettings, LifecycleConfig
 from specsweep.results.store import ResultsStore
 from specsweep.targets.vllm.models import HFModels
 from tests.conftest import pids_with_marker
@@ -45,7 +45,7 @@ async def test_vllm_baseline_vs_draft_model_end_to_end(vllm_python: str, hf_mode
         state = await compare_vllm(vllm, return_state=True, benchmark=BenchmarkSettings(
             results=str(results), workload=WorkloadConfig(source="mt-bench", output_len=16),
             sweep=SweepConfig(concurrency=[1, 4], num_requests=8, warmup_requests=2),
-            stages=LifecycleOptions(warm_up_requests=0)),
+            stages=LifecycleConfig(warm_up_requests=0)),
             # Two blocks per configuration and level (no verdict is asserted here): most of this file's time is
             # the engine's own starts and the blocks it serves.
             decision={"min_blocks": 2, "max_requests_per_level": 16})  # type: ignore[arg-type]
@@ -172,7 +172,7 @@ async def test_engine_core_killed_during_a_level(vllm_python: str, hf_models: HF
                 # Blocks of 2 requests at C=1 and 8 at 4: C=1 only has to be stored before the kill. With blocks of
                 # 8 at C=1 (2,048 tokens each) the test alone took 191 CPU-s; now 140 (benchmarks/suite_cpu.py).
                 sweep=SweepConfig(concurrency=[1, 4], num_requests=2, requests_per_slot=2, warmup_requests=1),
-                stages=LifecycleOptions(warm_up_requests=0)))
+                stages=LifecycleConfig(warm_up_requests=0)))
     finally:
         watcher.kill()
     killed = watcher.communicate()[0]
@@ -219,7 +219,7 @@ async def test_tune_speculation_on_vllm_gives_a_schedule_vllm_loads(vllm_python:
             vllm=settings(hf_models, vllm_python, port), grid={"num_speculative_tokens": [1, 3]}, return_state=True,
             benchmark=BenchmarkSettings(results=str(results), workload=WorkloadConfig(input_len=16, output_len=16),
                                         sweep=SweepConfig(concurrency=[1, 4], num_requests=8, warmup_requests=1),
-                                        stages=LifecycleOptions(warm_up_requests=0)),
+                                        stages=LifecycleConfig(warm_up_requests=0)),
             decision={"min_blocks": 2, "max_requests_per_level": 16})  # type: ignore[arg-type]
     assert state.is_completed(), state.message
     result = await state.result()

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from specsweep.bench.config import RequestOptions, SweepConfig
+from specsweep.bench.config import RequestSpec, SweepConfig
 from specsweep.bench.runner import Load, run_level
 from specsweep.bench.workload import Prompt
-from specsweep.records import Level
+from specsweep.records import Block
 from tests.helpers.bad_server import running
 
 CAUSES = {
@@ -27,10 +27,10 @@ CAUSES = {
 @pytest.mark.parametrize("mode", list(CAUSES))
 async def test_a_broken_answer_is_a_protocol_error_at_once(mode: str, capfd: pytest.CaptureFixture[str]) -> None:
     with running(mode) as url:
-        load = Load(url, RequestOptions(timeout_s=60), (Prompt("hello", 1, True),), 4,
+        load = Load(url, RequestSpec(timeout_s=60), (Prompt("hello", 1, True),), 4,
                     SweepConfig(num_requests=12, warmup_requests=0))
         t0 = time.monotonic()
-        run = await run_level(load, Level(index=0, mode="concurrency", value=1))
+        run = await run_level(load, Block(index=0, mode="concurrency", value=1))
         took = time.monotonic() - t0
     ok = [r for r in run.records if r.error_type is None]
     bad = [r for r in run.records if r.error_type is not None]

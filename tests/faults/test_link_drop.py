@@ -26,7 +26,7 @@ from flows.benchmark_config import benchmark_config
 from specsweep.bench.config import RequestParams, SweepConfig, WorkloadConfig
 from specsweep.engines.sglang import baseline as sglang_baseline
 from specsweep.hosts.config import HostConfig, SSHEndpoint
-from specsweep.parameters import BenchmarkSettings, LifecycleOptions, StageOptions
+from specsweep.parameters import BenchmarkSettings, LifecycleConfig, StageConfig
 from specsweep.profiles import ServerProfile
 from specsweep.results.store import ResultsStore
 from tests.conftest import pids_with_marker
@@ -209,7 +209,7 @@ async def test_link_down_for_good_fails_cleanly_and_the_next_run_removes_the_str
                 workload=WorkloadConfig(input_len=16, output_len=64),
                 sweep=SweepConfig(concurrency=[1, 2, 4], num_requests=4, warmup_requests=1),
                 request=RequestParams(timeout_s=3),
-                stages=LifecycleOptions(kill=StageOptions(retries=0, timeout_s=60)), results=str(results)),
+                stages=LifecycleConfig(kill=StageConfig(retries=0, timeout_s=60)), results=str(results)),
         )
         took = time.monotonic() - t0
         cutter.join(30)

@@ -19,7 +19,7 @@ import pytest
 from flows.benchmark_config import benchmark_config
 from specsweep.bench.config import RequestParams, SweepConfig, WorkloadConfig
 from specsweep.engines.sglang import baseline as sglang_baseline
-from specsweep.parameters import BenchmarkSettings, LifecycleOptions
+from specsweep.parameters import BenchmarkSettings, LifecycleConfig
 from specsweep.results.store import ResultsStore
 from specsweep.sweep import MAX_SET_ASIDE
 from tests.conftest import pids_with_marker
@@ -78,7 +78,7 @@ async def test_server_fault(name: str, tmp_path: Path) -> None:
             workload=WorkloadConfig(input_len=8, output_len=32), sweep=SweepConfig.model_validate(sweep),
             request=RequestParams(timeout_s=case.timeout_s), results=str(results),
             # No warm-up after the start: the faults count requests from the first measured one.
-            stages=LifecycleOptions(warm_up_requests=0)),
+            stages=LifecycleConfig(warm_up_requests=0)),
     )
     took = time.monotonic() - t0
     assert state.is_completed() is case.completed, state.message

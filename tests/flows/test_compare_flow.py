@@ -14,7 +14,7 @@ from prefect.states import Scheduled
 from flows.compare_speculation import compare_speculation
 from specsweep.analysis.decision import DecisionConfig
 from specsweep.bench.config import SweepConfig, WorkloadConfig
-from specsweep.parameters import BenchmarkSettings, LifecycleOptions
+from specsweep.parameters import BenchmarkSettings, LifecycleConfig
 from specsweep.results.store import ResultsStore
 from tests.conftest import pids_with_marker
 from tests.helpers.logs import flow_logs
@@ -171,7 +171,7 @@ async def test_alternate_design_takes_blocks_in_turn(alternate_by: str, tmp_path
         benchmark=BenchmarkSettings(workload=WorkloadConfig(input_len=16, output_len=32), results=str(results),
                                     sweep=SweepConfig(concurrency=[1, 16], num_requests=12, warmup_requests=1),
                                     # A start's warm-up, one request: with restarts, one start per block.
-                                    stages=LifecycleOptions(warm_up_requests=1)),
+                                    stages=LifecycleConfig(warm_up_requests=1)),
         # Four rounds at least (three left x0.56 at 16 at [0.31, 1.02] once on the loaded suite), six at most.
         decision=DecisionConfig(design="alternate", alternate_by=alternate_by, max_requests_per_level=72),
     )

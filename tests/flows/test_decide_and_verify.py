@@ -18,7 +18,7 @@ from specsweep.bench.config import SweepConfig, WorkloadConfig
 from specsweep.engines.sglang import baseline as sglang_baseline
 from specsweep.engines.sglang import eagle3 as sglang_eagle3
 from specsweep.errors import ConfigError
-from specsweep.parameters import BenchmarkSettings, LifecycleOptions
+from specsweep.parameters import BenchmarkSettings, LifecycleConfig
 from specsweep.profiles import ServerProfile
 from specsweep.results.store import ResultsStore
 from tests.conftest import pids_with_marker
@@ -72,7 +72,7 @@ async def test_a_block_the_engine_stalls_is_set_aside_kept_and_measured_again(tm
     base, _ = sim_pair(port, "tiny-fast")
     _, spec = sim_pair(port, "tiny-fast", "--fault-engine-stall-after", "24", "--fault-engine-stall-s", "1.5")
     results = tmp_path / "results"
-    benchmark = settings(results, [1]).model_copy(update={"stages": LifecycleOptions(warm_up_requests=4)})
+    benchmark = settings(results, [1]).model_copy(update={"stages": LifecycleConfig(warm_up_requests=4)})
     state = await compare_speculation(base, spec, benchmark=benchmark, return_state=True,
                                       decision=IN_TURN.model_copy(update={"min_blocks": 3}))
     comp = (await state.result()).comparison

@@ -72,7 +72,7 @@ def test_preset_writes_a_profile_the_server_commands_read(tmp_path: Path) -> Non
 
 
 def test_runs_report_and_compare_from_the_store(tmp_path: Path) -> None:
-    from specsweep.records import LevelRow, RunRow
+    from specsweep.records import BlockRow, RunRow
     from specsweep.results.store import ResultsStore
 
     root = tmp_path / "res"
@@ -88,7 +88,7 @@ def test_runs_report_and_compare_from_the_store(tmp_path: Path) -> None:
                         "--speculative-num-steps 3", **fp}))
         for i, (c, tps) in enumerate(blocks[run_id].items()):
             for rep, t in enumerate(tps):
-                row = LevelRow(config_name=name, mode="concurrency", concurrency=c, level_index=i, repeat=rep,
+                row = BlockRow(config_name=name, mode="concurrency", concurrency=c, level_index=i, repeat=rep,
                                output_tokens_per_s=t, completed=16, requests=16, duration_s=1.0)
                 store.write_level(run_id, row.level.key, row, [])
     out = cli("runs", "--results", str(root)).stdout
@@ -104,7 +104,7 @@ def test_runs_report_and_compare_from_the_store(tmp_path: Path) -> None:
     store.write_run("spec2", RunRow.model_validate({"config_name": "eagle3", "engine": "sglang", "host": "local",
                                                     "started_at": "x", "status": "completed",
                                                     **dict(fp, engine_version="sglang y")}))
-    store.write_level("spec2", "L000", LevelRow(config_name="eagle3", mode="concurrency", concurrency=1, level_index=0,
+    store.write_level("spec2", "L000", BlockRow(config_name="eagle3", mode="concurrency", concurrency=1, level_index=0,
                                                 output_tokens_per_s=1.0), [])
     refused = cli("compare", "base1", "spec2", "--results", str(root), check=False)
     assert refused.returncode == 2 and "engine_version: 'sglang x' vs 'sglang y'" in refused.stderr

@@ -11,7 +11,7 @@ from specsweep.analysis.compare import check_fingerprints, compare_levels, compa
 from specsweep.analysis.decision import DecisionConfig
 from specsweep.engines.sglang import check_adaptive_config as check_sglang_adaptive_config
 from specsweep.errors import ConfigError, MeasurementError
-from specsweep.records import LevelRow, RequestRow, RunRow
+from specsweep.records import BlockRow, RequestRow, RunRow
 from specsweep.reports.folders import write_comparison_report
 from specsweep.results.store import ResultsStore
 
@@ -21,13 +21,13 @@ SGLANG_SPEC = ("python -m sglang.launch_server --model-path /m/kimi --speculativ
 
 
 def rows(name: str, blocks: dict[int, list[float]],
-         batch: dict[int, tuple[float, float]] | None = None) -> list[LevelRow]:
-    """Level rows, one per block; ``batch``: the engine's running batch (mean, max) per level, where measured."""
+         batch: dict[int, tuple[float, float]] | None = None) -> list[BlockRow]:
+    """Block rows, one per block; ``batch``: the engine's running batch (mean, max) per level, where measured."""
     out = []
     for i, (c, tps) in enumerate(blocks.items()):
         mean, high = (batch or {}).get(c, (None, None))
         for rep, t in enumerate(tps):
-            out.append(LevelRow(config_name=name, level_index=i, mode="concurrency", concurrency=c, repeat=rep,
+            out.append(BlockRow(config_name=name, level_index=i, mode="concurrency", concurrency=c, repeat=rep,
                                 output_tokens_per_s=t, requests=16, completed=16, duration_s=2.0,
                                 ttft_ms_median=10.0 * c, ttft_ms_p99=20.0 * c, tpot_ms_median=5.0 + c,
                                 tpot_ms_p99=8.0 + c, engine_running_mean=mean, engine_running_max=high))

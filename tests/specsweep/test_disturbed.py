@@ -15,9 +15,9 @@ from specsweep import metrics
 from specsweep.analysis.decision import DecisionConfig, blocks_needed, pair_needs_more
 from specsweep.analysis.stats import ratio_interval
 from specsweep.designs import run_in_turn
-from specsweep.records import Level, LevelRow, LevelRun, RequestRecord
+from specsweep.records import Block, BlockRow, BlockRun, RequestRecord
 from specsweep.results.store import ResultsStore
-from specsweep.sweep import MAX_SET_ASIDE, PAIRED_WITH_DISTURBED, Point, disturbance, repeats, run_levels
+from specsweep.sweep import MAX_SET_ASIDE, PAIRED_WITH_DISTURBED, Level, disturbance, repeats, run_levels
 
 
 def request(i: int, sent: float, end: float, tokens: int = 10, ok: bool = True) -> RequestRecord:
@@ -42,8 +42,8 @@ def test_the_steady_window_runs_from_the_full_concurrency_to_the_first_completio
     assert metrics.steady_window(records, 8) is None and metrics.steady_window(records, None) is None
 
 
-def run_of(records: list[RequestRecord], lag_max_ms: float = 1.0) -> tuple[LevelRun, dict[str, object]]:
-    run = LevelRun(Level(index=0, mode="concurrency", value=1), records, 0.0, loop_lag_max_ms=lag_max_ms)
+def run_of(records: list[RequestRecord], lag_max_ms: float = 1.0) -> tuple[BlockRun, dict[str, object]]:
+    run = BlockRun(Block(index=0, mode="concurrency", value=1), records, 0.0, loop_lag_max_ms=lag_max_ms)
     return run, metrics.level_metrics(records, 1)
 
 
@@ -92,8 +92,8 @@ def test_an_outlier_is_far_from_its_levels_other_blocks() -> None:
     assert disturbance.outlier(250.0, [500.0, 510.0]) is None  # too few others to judge by
 
 
-def row(throughput: float, repeat: int, disturbed: str | None = None, name: str = "a") -> LevelRow:
-    return LevelRow(config_name=name, level_index=0, mode="concurrency", concurrency=4, repeat=repeat,
+def row(throughput: float, repeat: int, disturbed: str | None = None, name: str = "a") -> BlockRow:
+    return BlockRow(config_name=name, level_index=0, mode="concurrency", concurrency=4, repeat=repeat,
                     output_tokens_per_s=throughput, completed=8, requests=8, duration_s=1.0, disturbed=disturbed)
 
 
@@ -101,19 +101,19 @@ async def test_a_disturbed_block_does_not_count_and_is_measured_again() -> None:
     script = [row(500, 0), row(505, 1), row(9.0, 2, "the client's event loop stalled for 900 ms"), row(498, 3),
               row(240, 4), row(502, 5)]  # block 4: half the others, set aside as an outlier
     seen: list[int] = []
-    stored: list[LevelRow] = []
+    stored: list[BlockRow] = []
 
-    async def measure(level: Level) -> LevelRow:
+    async def measure(level: Block) -> BlockRow:
         return script[level.repeat]
 
-    async def set_aside(r: LevelRow) -> None:
+    async def set_aside(r: BlockRow) -> None:
         stored.append(r)
 
-    def more(_point: Point, rows: list[LevelRow]) -> bool:
+    def more(_point: Level, rows: list[BlockRow]) -> bool:
         seen.append(len(rows))
         return len(rows) < 4
 
-    rows = await run_levels([Point(0, "concurrency", 4)], measure, more=more, set_aside=set_aside)
+    rows = await run_levels([Level(0, "concurrency", 4)], measure, more=more, set_aside=set_aside)
     assert [r.repeat for r in rows] == [0, 1, 2, 3, 4, 5]
     assert [r.disturbed is not None for r in rows] == [False, False, True, False, True, False]
     assert seen == [1, 2, 3, 4]  # the rule saw only the blocks that count
@@ -122,10 +122,10 @@ async def test_a_disturbed_block_does_not_count_and_is_measured_again() -> None:
 
 
 async def test_a_level_the_machine_keeps_disturbing_ends_after_a_few_tries() -> None:
-    async def measure(level: Level) -> LevelRow:  # three ordinary blocks, then the machine slows five-fold for good
+    async def measure(level: Block) -> BlockRow:  # three ordinary blocks, then the machine slows five-fold for good
         return row(500 if level.repeat < 3 else 100, level.repeat)
 
-    rows = await run_levels([Point(0, "concurrency", 4)], measure, more=repeats(4))
+    rows = await run_levels([Level(0, "concurrency", 4)], measure, more=repeats(4))
     assert len(rows) == 3 + MAX_SET_ASIDE + 1 and not any(r.disturbed for r in rows[:3])
     assert all("lies 5.00x from" in (r.disturbed or "") for r in rows[3:])
 
@@ -135,22 +135,22 @@ async def test_failures_met_again_are_the_servers_and_count() -> None:
     is the machine's however often it comes back."""
     script = {2: "no token arrived for 2.00 s", 3: "no token arrived for 1.50 s"}
 
-    async def measure(level: Level) -> LevelRow:
+    async def measure(level: Block) -> BlockRow:
         return row(500, level.repeat, script.get(level.repeat, "3 request(s) failed (HTTPStatus: 3)"))
 
-    rows = await run_levels([Point(0, "concurrency", 4)], measure, more=repeats(4))
+    rows = await run_levels([Level(0, "concurrency", 4)], measure, more=repeats(4))
     # 0: failures, set aside; 1: failures again, counted; 2, 3: stalls, set aside both; 4-6: failures, counted.
     assert [r.disturbed is None for r in rows] == [False, True, False, False, True, True, True]
 
 
 async def test_a_round_in_turn_with_a_disturbed_block_is_set_aside_whole() -> None:
-    async def base(level: Level) -> LevelRow:
+    async def base(level: Block) -> BlockRow:
         return row(500, level.repeat, "no token arrived for 2.00 s" if level.repeat == 1 else None, "b")
 
-    async def spec(level: Level) -> LevelRow:
+    async def spec(level: Block) -> BlockRow:
         return row(400, level.repeat, name="s")
 
-    out = await run_in_turn([Point(0, "concurrency", 4)], [base, spec],
+    out = await run_in_turn([Level(0, "concurrency", 4)], [base, spec],
                             more=lambda clean: len(clean[0]) < 3)
     b, s = out
     assert [r.repeat for r in b] == [0, 1, 2, 3] and [r.repeat for r in s] == [0, 1, 2, 3]
@@ -163,18 +163,18 @@ async def test_a_round_the_machine_shifted_inside_is_set_aside_once_the_others_s
     base_tps = [511, 418, 422, 435, 430, 428]
     spec_tps = [505, 506, 403, 418, 412, 410]
 
-    async def base(level: Level) -> LevelRow:
+    async def base(level: Block) -> BlockRow:
         return row(base_tps[level.repeat], level.repeat, name="b")
 
-    async def spec(level: Level) -> LevelRow:
+    async def spec(level: Block) -> BlockRow:
         return row(spec_tps[level.repeat], level.repeat, name="s")
 
-    stored: list[LevelRow] = []
+    stored: list[BlockRow] = []
 
-    async def keep(r: LevelRow) -> None:
+    async def keep(r: BlockRow) -> None:
         stored.append(r)
 
-    b, s = await run_in_turn([Point(0, "concurrency", 8)], [base, spec], more=lambda clean: len(clean[0]) < 4,
+    b, s = await run_in_turn([Level(0, "concurrency", 8)], [base, spec], more=lambda clean: len(clean[0]) < 4,
                              set_asides=[keep, keep])
     assert [r.repeat for r in b if r.disturbed] == [1] and [r.repeat for r in s if r.disturbed] == [1]
     assert "the machine shifted inside the round" in (s[1].disturbed or "") and len(stored) == 2
@@ -193,7 +193,7 @@ def test_the_noise_of_the_first_blocks_sizes_what_a_level_needs() -> None:
     assert blocks_needed(edge, 0.03) > 50  # about x1.02, each pair +-15 %: right on the edge
     config = DecisionConfig(min_blocks=4, max_requests_per_level=12 * 16)
 
-    def rows_of(values: list[float], name: str) -> list[LevelRow]:
+    def rows_of(values: list[float], name: str) -> list[BlockRow]:
         return [row(v, i, name=name) for i, v in enumerate(values)]
 
     # With a quarter of the budget (16 blocks) spent, four blocks' noise is too rough an estimate to give up on;

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from specsweep.metrics import level_row
-from specsweep.records import Level, LevelRun
+from specsweep.records import Block, BlockRun
 from specsweep.server.engine_metrics import Sampler, differences, level_figures, snapshot
 
 VLLM_PAGE = (Path(__file__).parent.parent / "data" / "vllm-0.32.0-metrics.txt").read_text()
@@ -44,7 +44,7 @@ def test_a_level_gets_differences_and_gauges_from_the_engine() -> None:
     before = snapshot(VLLM_PAGE)
     after = snapshot(grown(VLLM_PAGE, drafts=40, draft_tokens=120, accepted=60))
     during = [{"running": 4.0, "waiting": 0.0, "kv_cache": 0.1}, {"running": 8.0, "waiting": 2.0, "kv_cache": 0.3}]
-    run = LevelRun(Level(index=0, mode="concurrency", value=8), [], time.time(), engine_before=before,
+    run = BlockRun(Block(index=0, mode="concurrency", value=8), [], time.time(), engine_before=before,
                    engine_after=after, engine_during=during)
     row = level_row(run, config_name="vllm-draft")
     assert (row.spec_drafts, row.spec_draft_tokens, row.spec_accepted_tokens) == (40, 120, 60)
@@ -64,7 +64,7 @@ def test_per_position_acceptance_is_a_share_of_the_levels_drafts() -> None:
 
 
 def test_an_engine_without_metrics_gives_no_engine_figures() -> None:
-    row = level_row(LevelRun(Level(index=0, mode="concurrency", value=1), [], time.time()), config_name="x")
+    row = level_row(BlockRun(Block(index=0, mode="concurrency", value=1), [], time.time()), config_name="x")
     assert row.engine_metrics is None and row.spec_drafts is None and row.engine_running_mean is None
     assert differences({"spec_drafts": 5.0}, {"spec_drafts": 3.0}) == {}  # restarted in between: left out
 

@@ -10,14 +10,14 @@ import httpx
 import pytest
 from prefect import flow
 
-from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
+from specsweep.bench.config import RequestSpec, SweepConfig, WorkloadConfig
 from specsweep.engines.llamacpp import baseline as baseline_profile
 from specsweep.engines.llamacpp import default_models_dir
 from specsweep.engines.llamacpp import speculative as speculative_profile
 from specsweep.hosts import LocalHost
-from specsweep.parameters import LifecycleOptions
+from specsweep.parameters import LifecycleConfig
 from specsweep.profiles import ServerProfile
-from specsweep.records import Level, LevelRow
+from specsweep.records import Block, BlockRow
 from specsweep.results import ResultsStore
 from specsweep.sweep import SweepJob, measure_level
 from specsweep.targets.llamacpp.models import ModelSpec, make_models
@@ -89,14 +89,14 @@ async def test_preset_serves_exact_token_counts(preset: str, tmp_path: Path) -> 
     host = LocalHost()
 
     @flow(name=f"llamacpp-{preset}")
-    async def drive() -> tuple[str, int, int, dict, list[str], LevelRow]:  # type: ignore[type-arg]
+    async def drive() -> tuple[str, int, int, dict, list[str], BlockRow]:  # type: ignore[type-arg]
         await kill_server(host, profile)
-        async with start_server(host, profile, RequestOptions(), LifecycleOptions(), marker="llamacpp-test") as server:
+        async with start_server(host, profile, RequestSpec(), LifecycleConfig(), marker="llamacpp-test") as server:
             await wait_for_health(server)
             result = await stream_completion(port, "the water was cold and the river", 48)
             job = SweepJob(run_id="l", config_name=profile.name, store=ResultsStore(tmp_path),
                            workload=WorkloadConfig(output_len=48), sweep=SweepConfig(num_requests=8, warmup_requests=1))
-            row = await measure_level(server.target, job, Level(index=0, mode="concurrency", value=2))
+            row = await measure_level(server.target, job, Block(index=0, mode="concurrency", value=2))
         assert server.killed is not None  # the final kill, as start_server's block ended
         return (*result, [k.signal for k in server.killed.killed], row)
 

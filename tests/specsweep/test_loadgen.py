@@ -9,12 +9,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
+from specsweep.bench.config import RequestSpec, SweepConfig, WorkloadConfig
 from specsweep.bench.workload import build_prompts
 from specsweep.errors import ConfigError, StoreError
-from specsweep.records import Level, LevelRow, RequestRow, RunRow
+from specsweep.records import Block, BlockRow, RequestRow, RunRow
 from specsweep.results.store import ResultsStore
-from specsweep.sweep import BenchTarget, SweepJob, measure_level, points, repeats, run_levels
+from specsweep.sweep import BenchTarget, SweepJob, measure_level, repeats, run_levels, sweep_levels
 from tests.helpers.sim import running_sim
 
 #: Timing bounds and busy servers: these run when no other test does (scripts/test.sh).
@@ -22,20 +22,20 @@ pytestmark = pytest.mark.solo
 
 
 async def measure(target: BenchTarget, workload: WorkloadConfig, sweep: SweepConfig, *, store: ResultsStore,
-                  run_id: str, mode: str = "concurrency", value: float = 1) -> LevelRow:
+                  run_id: str, mode: str = "concurrency", value: float = 1) -> BlockRow:
     job = SweepJob(run_id=run_id, config_name=run_id, store=store, workload=workload, sweep=sweep)
-    return await measure_level(target, job, Level(index=0, mode=mode, value=value))  # type: ignore[arg-type]
+    return await measure_level(target, job, Block(index=0, mode=mode, value=value))  # type: ignore[arg-type]
 
 
 async def run_sweep(target: BenchTarget, workload: WorkloadConfig, sweep: SweepConfig, *, store: ResultsStore,
-                    run_id: str) -> list[LevelRow]:
+                    run_id: str) -> list[BlockRow]:
     job = SweepJob(run_id=run_id, config_name=run_id, store=store, workload=workload, sweep=sweep)
-    return await run_levels(points(sweep), lambda lv: measure_level(target, job, lv), more=repeats(sweep.repeats),
+    return await run_levels(sweep_levels(sweep), lambda lv: measure_level(target, job, lv), more=repeats(sweep.repeats),
                             stop_at_saturation=sweep.stop_at_saturation)
 
 
-def lrow(**fields: object) -> LevelRow:
-    return LevelRow.model_validate({"config_name": "c", "level_index": 0, "mode": "concurrency", **fields})
+def lrow(**fields: object) -> BlockRow:
+    return BlockRow.model_validate({"config_name": "c", "level_index": 0, "mode": "concurrency", **fields})
 
 
 def rrow(index: int) -> RequestRow:
@@ -65,7 +65,7 @@ async def test_counts_tokens_and_chunks_under_speculation(store: ResultsStore) -
 
 async def test_native_generate_endpoint_and_verify_counts(store: ResultsStore) -> None:
     with running_sim("--sim-profile", "tiny-fast", "--speculative-algorithm", "EAGLE3") as (url, _):
-        target = BenchTarget(base_url=url, request=RequestOptions(endpoint="generate"))
+        target = BenchTarget(base_url=url, request=RequestSpec(endpoint="generate"))
         row = await measure(target, WorkloadConfig(output_len=30), SweepConfig(num_requests=8), store=store,
                                   run_id="g", mode="concurrency", value=2)
     assert row.completed == 8 and row.output_tokens_total == 240
@@ -75,7 +75,7 @@ async def test_native_generate_endpoint_and_verify_counts(store: ResultsStore) -
 
 async def test_chat_endpoint(store: ResultsStore) -> None:
     with running_sim("--sim-profile", "tiny-fast") as (url, _):
-        target = BenchTarget(base_url=url, request=RequestOptions(endpoint="chat", ignore_eos=True))
+        target = BenchTarget(base_url=url, request=RequestSpec(endpoint="chat", ignore_eos=True))
         row = await measure(target, WorkloadConfig(source="bundled", output_len=16), SweepConfig(num_requests=6),
                                   store=store, run_id="c", mode="concurrency", value=3)
     assert row.completed == 6 and row.output_tokens_total == 96
@@ -114,7 +114,7 @@ async def test_request_rate_mode_counts_latency_from_schedule(store: ResultsStor
 
 async def test_timeout_is_a_row(store: ResultsStore) -> None:
     with running_sim("--sim-profile", "tiny-fast", "--fault-stall-s", "3") as (url, _):
-        target = BenchTarget(base_url=url, request=RequestOptions(timeout_s=1.0))
+        target = BenchTarget(base_url=url, request=RequestSpec(timeout_s=1.0))
         row = await measure(target, WorkloadConfig(output_len=10), SweepConfig(num_requests=2, warmup_requests=0),
                                   store=store, run_id="t", mode="concurrency", value=2)
     assert row.failed == 2 and row.errors == "Timeout: 2"
@@ -135,11 +135,11 @@ async def test_stop_at_saturation(store: ResultsStore) -> None:
 
 async def test_warmup_failure_is_loud(store: ResultsStore) -> None:
     with running_sim("--sim-profile", "tiny-fast", "--api-key", "right-key-123") as (url, _):
-        target = BenchTarget(base_url=url, request=RequestOptions(api_key="wrong-key-456"))  # type: ignore[arg-type]
+        target = BenchTarget(base_url=url, request=RequestSpec(api_key="wrong-key-456"))  # type: ignore[arg-type]
         with pytest.raises(RuntimeError, match="all 2 warm-up requests .* failed"):
             await measure(target, WorkloadConfig(output_len=4), SweepConfig(num_requests=2), store=store,
                                 run_id="w", mode="concurrency", value=1)
-        ok = BenchTarget(base_url=url, request=RequestOptions(api_key="right-key-123"))  # type: ignore[arg-type]
+        ok = BenchTarget(base_url=url, request=RequestSpec(api_key="right-key-123"))  # type: ignore[arg-type]
         row = await measure(ok, WorkloadConfig(output_len=4), SweepConfig(num_requests=2), store=store,
                                   run_id="w", mode="concurrency", value=1)
         assert row.completed == 2
@@ -304,5 +304,5 @@ async def test_warm_up_lasts_until_ttft_settles(store: ResultsStore) -> None:
         assert report.settled and 6 < report.requests <= 12, report
         assert report.ttft_ms[0] > 200 and all(t > 30 for t in report.ttft_ms[:6])
         assert all(t < 30 for t in report.ttft_ms[6:])
-        row = await measure_level(target, job, Level(index=0, mode="concurrency", value=2))
+        row = await measure_level(target, job, Block(index=0, mode="concurrency", value=2))
     assert row.ttft_ms_p99 is not None and row.ttft_ms_p99 < 100

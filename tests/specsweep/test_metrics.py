@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specsweep.metrics import e2e_s, itl_s, level_metrics, spec_from_counters, summary, tpot_s, ttft_s
-from specsweep.records import LevelRow, RequestRecord
+from specsweep.records import BlockRow, RequestRecord
 from specsweep.sweep import merge_repeats, saturated
 
 
@@ -109,8 +109,8 @@ def test_sglang_acceptance_from_per_request_fields() -> None:
     assert figures["spec_acceptance_rate"] == pytest.approx(40 / 90)
 
 
-def level(tps: float, e2e: float, **fields: object) -> LevelRow:
-    return LevelRow(config_name="c", level_index=0, mode="concurrency", concurrency=1, output_tokens_per_s=tps,
+def level(tps: float, e2e: float, **fields: object) -> BlockRow:
+    return BlockRow(config_name="c", level_index=0, mode="concurrency", concurrency=1, output_tokens_per_s=tps,
                     e2e_ms_median=e2e, **fields)  # type: ignore[arg-type]
 
 

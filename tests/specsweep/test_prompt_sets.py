@@ -13,10 +13,10 @@ import pytest
 
 from specsweep.bench import datasets
 from specsweep.bench.client import request_body
-from specsweep.bench.config import RequestOptions, SweepConfig, WorkloadConfig
+from specsweep.bench.config import RequestSpec, SweepConfig, WorkloadConfig
 from specsweep.bench.workload import Prompt, build_prompts, check_source
 from specsweep.errors import ConfigError
-from specsweep.records import Level
+from specsweep.records import Block
 from specsweep.results.store import ResultsStore
 from specsweep.sweep import BenchTarget, SweepJob, measure_level
 from tests.helpers.sim import running_sim
@@ -88,10 +88,10 @@ async def test_a_sharegpt_answer_sets_its_requests_output_length(tmp_path: Path)
                                                     {"from": "gpt", "value": " ".join(["word"] * 40)}]}]))
     (prompt,) = await build_prompts(WorkloadConfig(source="sharegpt", prompts_file=share), 1)
     assert prompt.max_tokens == 52 and not prompt.exact  # 40 words x 1.3, approximate without a tokenizer
-    body = request_body(RequestOptions(endpoint="chat", ignore_eos=False), prompt, 128, "m")
+    body = request_body(RequestSpec(endpoint="chat", ignore_eos=False), prompt, 128, "m")
     assert body["max_tokens"] == 52 and body["messages"] == [{"role": "user", "content": "one two three"}]
     assert body["temperature"] == 0.0 and body["top_p"] == 1.0 and body["ignore_eos"] is False
-    capped = request_body(RequestOptions(endpoint="chat"), prompt, 16, "m")
+    capped = request_body(RequestSpec(endpoint="chat"), prompt, 16, "m")
     assert capped["max_tokens"] == 16  # the workload's output_len caps it
 
 
@@ -101,7 +101,7 @@ async def test_mt_bench_is_sent_as_chat_ends_naturally_and_is_recorded(tmp_path:
                    workload=WorkloadConfig(source="mt-bench", output_len=256),
                    sweep=SweepConfig(concurrency=[4], num_requests=24, warmup_requests=2))
     with running_sim("--sim-profile", "tiny-fast") as (url, _):
-        row = await measure_level(BenchTarget(base_url=url), job, Level(index=0, mode="concurrency", value=4))
+        row = await measure_level(BenchTarget(base_url=url), job, Block(index=0, mode="concurrency", value=4))
     assert row.completed == 24 and row.prompt_source == "mt-bench" and row.endpoint == "chat"
     assert row.ignore_eos is False and row.temperature == 0.0 and row.top_p == 1.0
     requests = store.requests(["mt"])
@@ -129,10 +129,10 @@ def test_chat_messages_are_not_sent_to_completions() -> None:
 
     chat = (Prompt("hi", 1, True, (("user", "hi"),)),)
     with pytest.raises(ConfigError, match="set request.endpoint to 'chat'"):
-        request_for(RequestOptions(endpoint="completions"), WorkloadConfig(source="mt-bench"), chat)
-    assert request_for(RequestOptions(), WorkloadConfig(source="mt-bench"), chat).endpoint == "chat"
+        request_for(RequestSpec(endpoint="completions"), WorkloadConfig(source="mt-bench"), chat)
+    assert request_for(RequestSpec(), WorkloadConfig(source="mt-bench"), chat).endpoint == "chat"
     text = (Prompt("hi", 1, True),)
-    resolved = request_for(RequestOptions(), WorkloadConfig(), text)
+    resolved = request_for(RequestSpec(), WorkloadConfig(), text)
     assert resolved.endpoint == "completions" and resolved.ignore_eos is True  # synthetic: exact lengths
 
 
@@ -147,7 +147,7 @@ def test_the_outputs_of_two_servers_compare_by_digest(tmp_path: Path) -> None:
             store = ResultsStore(tmp_path / str(len(frames)))
             job = SweepJob(run_id="d", config_name="d", store=store, workload=WorkloadConfig(source="humaneval"),
                            sweep=SweepConfig(concurrency=[2], num_requests=8, warmup_requests=0))
-            asyncio.run(measure_level(BenchTarget(base_url=url), job, Level(index=0, mode="concurrency", value=2)))
+            asyncio.run(measure_level(BenchTarget(base_url=url), job, Block(index=0, mode="concurrency", value=2)))
             frames.append(store.requests(["d"]).sort_values("prompt_index"))
     assert list(frames[0]["output_digest"]) == list(frames[1]["output_digest"])
     assert pd.Series(frames[0]["output_digest"]).nunique() > 1
@@ -164,7 +164,7 @@ async def test_no_block_profits_from_an_earlier_blocks_cache(tmp_path: Path, eng
                    sweep=SweepConfig(concurrency=[4], num_requests=60, warmup_requests=1))
     with running_sim("--sim-profile", "tiny-fast", "--enable-metrics") as (url, _):
         target = BenchTarget(base_url=url, engine=engine)
-        rows = [await measure_level(target, job, Level(index=0, mode="concurrency", value=4, repeat=r)) for r in (0, 1)]
+        rows = [await measure_level(target, job, Block(index=0, mode="concurrency", value=4, repeat=r)) for r in (0, 1)]
     assert [r.cache_reset for r in rows] == [how, how]
     assert rows[1].engine_prefix_cache_hit_rate == 0.0, rows[1].engine_prefix_cache_hit_rate
     if how == "unique prompts":  # the marks are the block's: the two blocks' prompt digests differ
@@ -184,7 +184,7 @@ async def test_a_trace_is_replayed_at_its_own_pace_or_faster(tmp_path: Path) -> 
                    sweep=SweepConfig(request_rate=[own_rate, 2 * own_rate], num_requests=8, warmup_requests=0))
     with running_sim("--sim-profile", "tiny-fast") as (url, _):
         for i, rate in enumerate((own_rate, 2 * own_rate)):
-            await measure_level(BenchTarget(base_url=url), job, Level(index=i, mode="rate", value=rate))
+            await measure_level(BenchTarget(base_url=url), job, Block(index=i, mode="rate", value=rate))
     requests = store.requests(["t"])
     for rate, speed in ((own_rate, 1.0), (2 * own_rate, 2.0)):
         sent = requests[requests["level_value"] == rate].sort_values("index")

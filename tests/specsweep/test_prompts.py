@@ -14,7 +14,7 @@ from specsweep.analysis.compare import prompts_differ
 from specsweep.bench.config import SweepConfig, WorkloadConfig
 from specsweep.bench.workload import Tokenizer, build_prompts, check_source, local_tokenizer, prompts_digest
 from specsweep.errors import ConfigError
-from specsweep.records import Level
+from specsweep.records import Block
 from specsweep.results.store import ResultsStore
 from specsweep.server.api import ServerAPI
 from specsweep.sweep import BenchTarget, SweepJob, measure_level, server_tokenizer
@@ -67,7 +67,7 @@ async def test_each_level_stores_how_its_prompts_were_counted_and_their_digest(t
                                ("local", WorkloadConfig(input_len=32, output_len=4, tokenizer=tmp_path / "tok")),
                                ("other", WorkloadConfig(input_len=32, output_len=4, seed=9))):
             job = SweepJob(run_id=name, config_name=name, store=store, workload=workload, sweep=sweep)
-            rows[name] = await measure_level(BenchTarget(base_url=url), job, Level(index=0, mode="concurrency", value=2))
+            rows[name] = await measure_level(BenchTarget(base_url=url), job, Block(index=0, mode="concurrency", value=2))
     assert rows["base"].prompt_tokens_by == "server" and rows["local"].prompt_tokens_by == "local"
     assert rows["base"].prompts_digest == rows["spec"].prompts_digest != rows["other"].prompts_digest
     stored = pd.read_parquet(tmp_path / "results" / "levels")
@@ -102,7 +102,7 @@ async def test_counts_that_make_no_sense_are_approximate_and_labelled_so(tmp_pat
         # (31 tokens: prompts are built once per model and workload in a process, and another test here used 32.)
         job = SweepJob(run_id="r", config_name="r", store=store, workload=WorkloadConfig(input_len=31, output_len=4),
                        sweep=SweepConfig(num_requests=8, warmup_requests=0))
-        row = await measure_level(BenchTarget(base_url=url), job, Level(index=0, mode="concurrency", value=2))
+        row = await measure_level(BenchTarget(base_url=url), job, Block(index=0, mode="concurrency", value=2))
     assert row.prompt_tokens_by == "approximate"  # (the server's own usage counts, where it sends them, are its own)
 
 

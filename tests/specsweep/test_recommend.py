@@ -116,7 +116,7 @@ def test_the_old_report_that_said_disable_at_8_now_says_undetermined() -> None:
 
 
 def test_a_level_with_no_block_counted_is_open_not_skipped() -> None:
-    """Level 1 measured, every block of it set aside as disturbed: the answer stays open there, as for an
+    """Block 1 measured, every block of it set aside as disturbed: the answer stays open there, as for an
     undetermined level, rather than deciding from 2 on as if 1 had never been asked for."""
     import math
 

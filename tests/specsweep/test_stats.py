@@ -10,7 +10,7 @@ import pytest
 
 from specsweep.analysis.decision import DecisionConfig, pair_needs_more
 from specsweep.analysis.stats import RatioInterval, ratio_interval, simultaneous_confidence, t_quantile, verdict
-from specsweep.records import LevelRow
+from specsweep.records import BlockRow
 
 TRUE_RATIOS = (0.8, 0.95, 1.0, 1.02, 1.1, 1.3)
 
@@ -61,16 +61,16 @@ def test_the_interval_narrows_as_blocks_are_added() -> None:
     assert means[0] > means[1] > means[2] > means[3], means
 
 
-def row(tps: float, index: int = 0, repeat: int = 0) -> LevelRow:
-    return LevelRow(config_name="c", level_index=index, mode="concurrency", concurrency=1, repeat=repeat,
+def row(tps: float, index: int = 0, repeat: int = 0) -> BlockRow:
+    return BlockRow(config_name="c", level_index=index, mode="concurrency", concurrency=1, repeat=repeat,
                     output_tokens_per_s=tps, duration_s=1.0, requests=8)
 
 
-def measure_until_decided(b_all: list[float], s_all: list[float], more: Callable[[list[LevelRow], list[LevelRow]], bool],
+def measure_until_decided(b_all: list[float], s_all: list[float], more: Callable[[list[BlockRow], list[BlockRow]], bool],
                           config: DecisionConfig) -> RatioInterval:
     """Pairs of blocks until ``more`` says the level is decided; the final interval."""
-    base: list[LevelRow] = []
-    spec: list[LevelRow] = []
+    base: list[BlockRow] = []
+    spec: list[BlockRow] = []
     for b, s in zip(b_all, s_all, strict=True):
         base.append(row(b, repeat=len(base)))
         spec.append(row(s, repeat=len(spec)))

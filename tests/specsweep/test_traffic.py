@@ -7,12 +7,12 @@ import random
 from typing import Any
 
 from specsweep.analysis.traffic import LOSSLESS_MIN_SHARE, MIX, traffic_view
-from specsweep.records import LevelRow
+from specsweep.records import BlockRow
 from specsweep.reports.markdown import traffic_markdown
 
 
-def level(c: int, repeat: int = 0, **fields: Any) -> LevelRow:
-    return LevelRow.model_validate({"config_name": "x", "level_index": {1: 0, 8: 1}[c], "mode": "concurrency",
+def level(c: int, repeat: int = 0, **fields: Any) -> BlockRow:
+    return BlockRow.model_validate({"config_name": "x", "level_index": {1: 0, 8: 1}[c], "mode": "concurrency",
                                     "concurrency": c, "repeat": repeat, "prompt_source": "mt-bench",
                                     "temperature": 0.0, **fields})
 
@@ -20,7 +20,7 @@ def level(c: int, repeat: int = 0, **fields: Any) -> LevelRow:
 ROUNDS = 4
 
 
-def rows(*, rounds: int = ROUNDS, **fields: Any) -> list[LevelRow]:
+def rows(*, rounds: int = ROUNDS, **fields: Any) -> list[BlockRow]:
     return [level(c, r, **fields) for c in (1, 8) for r in range(rounds)]
 
 

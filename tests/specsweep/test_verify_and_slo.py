@@ -18,7 +18,7 @@ from specsweep.engines.sglang import eagle3
 from specsweep.engines.vllm import speculative as vllm_speculative
 from specsweep.errors import ConfigError
 from specsweep.hosts import LocalHost
-from specsweep.records import LevelRow
+from specsweep.records import BlockRow
 
 
 def recommended(profile, off_from: int):  # type: ignore[no-untyped-def]
@@ -77,8 +77,8 @@ def test_a_file_written_for_a_server_is_private_and_whole(tmp_path: Path, monkey
         host.write_private_file("../x", b"")
 
 
-def rows(name: str, blocks: dict[int, list[float]]) -> list[LevelRow]:
-    return [LevelRow(config_name=name, level_index=i, mode="concurrency", concurrency=c, repeat=rep,
+def rows(name: str, blocks: dict[int, list[float]]) -> list[BlockRow]:
+    return [BlockRow(config_name=name, level_index=i, mode="concurrency", concurrency=c, repeat=rep,
                      output_tokens_per_s=t, requests=16, completed=16, duration_s=2.0)
             for i, (c, tps) in enumerate(blocks.items()) for rep, t in enumerate(tps)]
 

@@ -9,9 +9,9 @@ from prefect import flow
 from prefect.context import get_run_context
 
 from flows.server_lifecycle import server_lifecycle
-from specsweep.bench.config import RequestOptions
+from specsweep.bench.config import RequestSpec
 from specsweep.hosts import HostConfig, open_host
-from specsweep.parameters import LifecycleOptions, StageOptions
+from specsweep.parameters import LifecycleConfig, StageConfig
 from specsweep.server import lifecycle
 from specsweep.server.lifecycle import kill_server as kill_server_now
 from tasks.server import kill_server, start_server, wait_for_health
@@ -36,7 +36,7 @@ async def test_lifecycle_flow_logs_progress_and_leaves_nothing(make_toy: MakeToy
 
 async def test_wait_timeout_option_fails_the_flow_and_kills_the_server(make_toy: MakeToy) -> None:
     profile = make_toy("--warmup", "1000", startup_timeout_s=600)
-    stages = LifecycleOptions(wait=StageOptions(timeout_s=1.5))
+    stages = LifecycleConfig(wait=StageConfig(timeout_s=1.5))
     state = await server_lifecycle(profile, stages=stages, return_state=True)
     assert state.is_failed()
     with pytest.raises(Exception) as err:
@@ -60,7 +60,7 @@ async def test_tasks_over_ssh(ssh_host_config: HostConfig, make_toy: MakeToy) ->
     async def over_ssh() -> list[int]:
         host = open_host(ssh_host_config)
         await kill_server(host, profile)
-        async with start_server(host, profile, RequestOptions(), LifecycleOptions(), marker="test") as server:
+        async with start_server(host, profile, RequestSpec(), LifecycleConfig(), marker="test") as server:
             assert server.path.tunnel is not None  # an SSH host's server is reached through a tunnel
             await wait_for_health(server)
         host.close()
@@ -81,11 +81,11 @@ async def test_a_start_that_timed_out_starts_nothing_after_its_final_kill(make_t
     host = open_host(HostConfig())
     stray_handle = lifecycle.start_server(host, stray)
     await wait_ready(host, stray, stray_handle)  # listening, its SIGTERM handler set (a loaded machine starts it late)
-    stages = LifecycleOptions(start=StageOptions(timeout_s=1, retries=0), kill_port_holder=True)
+    stages = LifecycleConfig(start=StageConfig(timeout_s=1, retries=0), kill_port_holder=True)
 
     @flow
     async def start_times_out() -> None:
-        async with start_server(host, profile, RequestOptions(), stages, marker="timed-out-start"):
+        async with start_server(host, profile, RequestSpec(), stages, marker="timed-out-start"):
             raise AssertionError("the start cannot have succeeded within its timeout")
 
     try:
