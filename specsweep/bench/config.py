@@ -91,7 +91,8 @@ class WorkloadConfig(BaseModel):
     output_len: int = Field(128, ge=1, le=1_000_000, description="Tokens to generate per request: exactly, with "
                             "ignore_eos; else at most (a prompt's own max_tokens, or ShareGPT's answer length, when "
                             "shorter).")
-    bundled_set: str = Field("mixed", description="Name of a file in data/prompts/ (without .jsonl).")
+    bundled_set: str = Field("mixed", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$", max_length=80,
+                             description="Name of a file in data/prompts/ (without .jsonl).")
     prompts_file: Path | None = Field(
         None, description="source file: JSONL, one {\"prompt\": ...} or {\"messages\": [...]} per line (optional "
         "category, max_tokens, arrival_s), or Parquet with a prompt column; source sharegpt: its JSON.")

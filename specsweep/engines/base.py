@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from specsweep.engines.flags import FlagTable
 from specsweep.errors import ConfigError
 from specsweep.profiles import ServerProfile
 from specsweep.records import RequestRecord
@@ -136,6 +137,17 @@ class Engine:
     launch_modules: ClassVar[tuple[str, ...]] = ()
     #: Environment names (fnmatch patterns) of its own that a worker's default policy passes on.
     env_names: ClassVar[tuple[str, ...]] = ()
+    #: Programs (file names) that are its server without ``python -m`` (llama.cpp's ``llama-server``).
+    programs: ClassVar[tuple[str, ...]] = ()
+    #: The flags its presets and settings form produce, each with the check of its value (``engines.flags``):
+    #: what a worker's policy passes without naming them. Any other flag passes only where the policy names it.
+    flags: ClassVar[FlagTable] = {}
+    #: Flags whose value is a file its server reads or loads (templates, configs, plugins, keys): only inside the
+    #: folders a worker's policy names (``arg_files``), whoever allowed the flag itself.
+    file_flags: ClassVar[tuple[str, ...]] = ()
+    #: Flags that make its server run code of the model's or the request's choosing: refused by a worker's
+    #: default policy, in any spelling its parser takes.
+    code_flags: ClassVar[tuple[str, ...]] = ("--trust-remote-code",)
 
     def presets(self) -> Mapping[str, Preset]:
         return {}

@@ -215,3 +215,18 @@ def test_compare_engine_takes_a_form_per_engine_that_the_server_checks() -> None
                 {"settings": {"model_path": "/m/kimi"}}):  # no engine
         with pytest.raises(ValidationError, match="settings"):
             validate(bad, schema, raise_on_error=True)
+
+
+async def test_serve_serves_only_the_deployments_the_workers_policy_names(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    sys.path.insert(0, str(REPO / "deployments"))
+    import serve  # type: ignore[import-not-found]
+
+    every = await serve.deployments()
+    chosen = every[0]
+    policy_file = tmp_path / "policy.toml"
+    policy_file.write_text(f'deployments = ["{chosen.flow_name}/{chosen.name}"]\n')
+    monkeypatch.setenv("SPECSWEEP_POLICY", str(policy_file))
+    assert [(d.flow_name, d.name) for d in await serve.deployments()] == [(chosen.flow_name, chosen.name)]

@@ -26,12 +26,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import os
 import random
 import re
 import sys
+import tempfile
 import time
 import zlib
 from collections.abc import AsyncIterator
@@ -818,10 +820,17 @@ DIE_FLUSH_S = 0.01
 def fault_exit(code: int) -> None:
     """Exit abruptly for a fault, noting it in the once-file if there is one."""
     if _ONCE_FILE:
-        with open(_ONCE_FILE, "w") as f:
+        with contextlib.suppress(OSError), \
+                os.fdopen(os.open(_ONCE_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "w") as f:
             f.write("a fault fired\n")
     sys.stdout.flush()
     os._exit(code)
+
+
+def once_file_folders() -> list[str]:
+    """Where --fault-once-file may be: the temporary folder, or the user's ~/.specsweep (the simulator's own
+    places), links resolved. It creates the file: anywhere else it could plant one (a policy file)."""
+    return [os.path.realpath(tempfile.gettempdir()), os.path.realpath(os.path.expanduser("~/.specsweep"))]
 
 
 def _apply_once_file(args: argparse.Namespace) -> None:
@@ -830,6 +839,9 @@ def _apply_once_file(args: argparse.Namespace) -> None:
     path = args.fault_once_file
     if not path:
         return
+    real = os.path.realpath(path)
+    if not any(real.startswith(folder + "/") for folder in once_file_folders()):
+        raise SystemExit(f"specsweep sim: --fault-once-file {path}: give a file in {' or '.join(once_file_folders())}")
     if os.path.exists(path):
         log.info("fault once-file %s exists: running without faults", path)
         for name, value in list(vars(args).items()):
