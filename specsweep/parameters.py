@@ -52,6 +52,9 @@ class LifecycleConfig(BaseModel):
         default_factory=lambda: StageConfig(retries=0, timeout_s=None),
         description="wait_for_health: poll until ready. Without a timeout, the profile's startup_timeout_s applies.",
     )
+    warm_up_seconds: float = Field(
+        60.0, gt=0, le=3600, description="After each start, the warm-up's time cap (it ends sooner once the TTFT "
+        "settles).")
     warm_up_requests: int = Field(
         24, ge=0, le=10_000, description="After each start, single requests until the server's TTFT settles, at most "
         "this many (0: no warm-up; each level still has its own sweep.warmup_requests).")
@@ -86,6 +89,8 @@ LOCAL_BENCHMARK = BenchmarkSettings(
     workload=WorkloadConfig(source="mt-bench", input_len=16, output_len=64),
     # A block at C=8 holds 24 requests (3 per slot): ramp-up and drain stay a small part of it.
     sweep=SweepConfig(concurrency=[1, 2, 4, 8], num_requests=12, warmup_requests=2, requests_per_slot=3),
+    # Small CPU servers have no kernels to compile: a warm-up past 20 s is this machine's noise, not a cold server.
+    stages=LifecycleConfig(warm_up_seconds=20.0),
 )
 #: Both small servers fit side by side: blocks alternate between them without restarts.
 LOCAL_DECISION = DecisionConfig(design="alternate", alternate_by="side-by-side")

@@ -54,7 +54,7 @@ async def run_concurrency_benchmark(server: Server, job: SweepJob, level: Block)
 async def warm_up(server: Server, job: SweepJob) -> WarmUp:
     """After a start: single requests until the server's time to first token settles (or a cap)."""
     max_requests = server.stages.warm_up_requests
-    report = await settle(server.target, job, max_requests=max_requests)
+    report = await settle(server.target, job, max_requests=max_requests, max_seconds=server.stages.warm_up_seconds)
     if max_requests <= 0:
         return report
     shown = ", ".join(f"{x:.0f}" for x in report.ttft_ms[-6:])
