@@ -32,7 +32,7 @@ from specsweep.profiles import ProfileParams
 from tasks.arms import ServerArm
 from tasks.cleanup import benchmark_flow
 from tasks.host import hold_host
-from tasks.results import compare_configurations, publish_configuration, publish_temperatures
+from tasks.results import compare_configurations, publish_configuration, publish_temperatures, record_history
 from tasks.run import ConfigurationResult, prepare_run
 from tasks.verify import verify_recommendation
 
@@ -91,6 +91,7 @@ async def compare_speculation(baseline: ProfileParams, speculative: ProfileParam
             comparison = await compare_configurations(base.job.run_id, spec.job.run_id, run.store, decision)
     await publish_configuration(base.job, h.label, base_rows)
     await publish_configuration(spec.job, h.label, spec_rows)
+    await record_history(comparison, run.store, decision, benchmark.request.temperature)  # the last stage
     return ComparisonResult(baseline=ConfigurationResult.of(base, base_rows),
                             speculative=ConfigurationResult.of(spec, spec_rows),
                             comparison=comparison, results=str(run.store))

@@ -112,3 +112,8 @@ class StoreError(SpecsweepError):
 
 class MeasurementError(SpecsweepError):
     """What was measured cannot answer the question (every block set aside as disturbed)."""
+
+
+class DriftError(SpecsweepError):
+    """The answer moved from the last comparison of the same kind beyond what their intervals allow (the
+    nightly run fails on it, so that its notifications fire)."""

@@ -12,14 +12,16 @@ from prefect.cache_policies import NO_CACHE
 
 from specsweep.analysis.compare import Comparison, compare_runs
 from specsweep.analysis.decision import DecisionConfig
+from specsweep.analysis.history import Drift, drift, history_row, kind_label, last_comparable
 from specsweep.analysis.tuning import GridPoint, Tuning, tune_runs
 from specsweep.engines import PerBatchSetting
+from specsweep.errors import DriftError
 from specsweep.hosts import Host
 from specsweep.records import BlockRow
 from specsweep.reports.folders import write_comparison_report, write_tuning_report
 from specsweep.reports.markdown import comparison_markdown, temperatures_markdown, tuning_markdown
-from specsweep.reports.plots import comparison_plots, data_uri, tuning_plot
-from specsweep.results import ResultsStore, comparison_folder, tuning_folder
+from specsweep.reports.plots import comparison_plots, data_uri, history_plot, tuning_plot
+from specsweep.results import ResultsStore, comparison_folder, now_iso, tuning_folder
 from specsweep.server.fingerprint import host_fingerprint, server_fingerprint
 from specsweep.sweep import BenchTarget, SweepJob
 from tasks._common import artifact_key, run_logger
@@ -87,6 +89,40 @@ async def compare_configurations(
                     f"{lv.ratio_low:.3f}, {lv.ratio_high:.3f}" if lv.ratio_low and lv.ratio_high else "-", *lv.blocks)
     _log_engine_setting(comp.setting, folder)
     return comp
+
+
+@task(name="record_history", cache_policy=NO_CACHE)
+async def record_history(comp: Comparison, store: ResultsStore, decision: DecisionConfig,
+                         temperature: float = 0.0) -> Drift | None:
+    """The answer appended to the results' history, read against the last comparison of the same kind: the drift
+    (and the history's plot) published; with ``decision.fail_on_drift`` a flagged drift fails this stage."""
+    logger = run_logger()
+    assert comp.baseline_run_id is not None and comp.speculative_run_id is not None
+    base, spec = store.run(comp.baseline_run_id), store.run(comp.speculative_run_id)
+    row = history_row(comp, base, spec, date=spec.ended_at or now_iso(), temperature=temperature)
+    await asyncio.to_thread(store.append_history, row)
+    rows = await asyncio.to_thread(store.history, row.key)
+    before = last_comparable(rows, row)
+    if before is None:
+        logger.info("history: the first comparison of its kind in %s (%s)", store, kind_label(row))
+        return None
+    found = drift(before, row)
+    plot = await asyncio.to_thread(history_plot, rows)
+    lines = [f"### {'Drift' if found.flagged else 'No drift'} ({kind_label(row)}, {row.model or '?'})", found.summary(),
+             "", "| | earlier | this run |", "| --- | --- | --- |",
+             f"| date | {before.date[:16]} | {row.date[:16]} |", f"| engine | {before.engine_version} | {row.engine_version} |",
+             f"| answer | {_threshold(before.off_from)} ({before.status}) | {_threshold(row.off_from)} ({row.status}) |",
+             "", f"![history]({data_uri(plot)})"]
+    await acreate_markdown_artifact(markdown="\n".join(lines), key=artifact_key("drift", row.key),
+                                    description=found.summary()[:500])
+    (logger.warning if found.flagged else logger.info)("history: %s", found.summary())
+    if found.flagged and decision.fail_on_drift:
+        raise DriftError(found.summary() + " (decision.fail_on_drift)")
+    return found
+
+
+def _threshold(off_from: int | None) -> str:
+    return "keep it on" if off_from is None else f"off from {off_from}"
 
 
 @task(name="publish_temperatures", cache_policy=NO_CACHE)

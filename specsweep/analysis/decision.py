@@ -77,6 +77,9 @@ class DecisionConfig(BaseModel):
     allow_mismatch: bool = Field(False, description="Compare even if GPU, driver, engine or model differ.")
     slo: SLO | None = Field(None, description="Latency targets (p99 TTFT and TPOT, ms): the report then gives each "
                             "configuration's capacity within them and its goodput per level.")
+    fail_on_drift: bool = Field(
+        False, description="Fail the run's last stage (red in the UI, its notifications fire) when its answer drifted "
+        "from the last comparison of the same kind in the results' history (the nightly deployments set it).")
     budget_minutes: float | None = Field(
         None, gt=0, le=7 * 24 * 60, description="The run's time budget: a comparison found by search (sweep.search) "
         "stops before a round would pass it (one block over at most), and the plan at its start says what it buys.")

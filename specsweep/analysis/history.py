@@ -48,9 +48,21 @@ def _workload(run: RunRow) -> str:
 
 
 def _settings(run: RunRow) -> str:
-    """The launch command with what differs between two starts of one configuration taken out (its port)."""
+    """The launch command with what differs between two starts of one configuration taken out: its port, and the
+    simulator's own knobs (``--sim-*``, ``--startup-s``: they play the hardware and the engine's build, which a
+    comparison reads against the last, not the configuration)."""
     words = (run.command or "").split()
-    return " ".join("PORT" if i and words[i - 1] in ("--port", "-p") else w for i, w in enumerate(words))
+    out: list[str] = []
+    skip = False
+    for i, w in enumerate(words):
+        if skip:
+            skip = False
+            continue
+        if w.startswith("--sim-") or w == "--startup-s":
+            skip = "=" not in w
+            continue
+        out.append("PORT" if i and words[i - 1] in ("--port", "-p") else w)
+    return " ".join(out)
 
 
 def identity(row: HistoryRow) -> str:
@@ -200,6 +212,6 @@ def history_table(rows: Sequence[HistoryRow]) -> list[dict[str, Any]]:
 
 def kind_label(row: HistoryRow) -> str:
     """The hardware kind in words: '8x NVIDIA H100 (driver 550.54)'; 'CPU' where no GPU was seen."""
-    if not row.gpu:
+    if not row.gpu or row.gpu.startswith("none"):
         return "CPU"
     return f"{row.gpu_count or 1}x {row.gpu}" + (f" (driver {row.driver})" if row.driver else "")

@@ -91,8 +91,8 @@ class ResultsStore:
 
     def append_history(self, row: HistoryRow) -> None:
         """One comparison's answer, appended to the history dataset (a file of its own: nothing is rewritten)."""
-        stamp = row.date.replace(":", "").replace("-", "")[:15]
-        name = f"{stamp}-{row.baseline_run_id}--{row.speculative_run_id}.parquet"
+        # Named by the comparison's runs: a retried flow run writes its row again in place, never twice.
+        name = f"{row.baseline_run_id}--{row.speculative_run_id}.parquet"
         self.location.write_bytes(f"history/identity={row.key}/{name}", _parquet_bytes(to_table([row])))
 
     def history(self, key: str | None = None) -> list[HistoryRow]:

@@ -203,3 +203,28 @@ async def test_alternate_design_takes_blocks_in_turn(alternate_by: str, tmp_path
         assert started == sum(lv.blocks[1] + lv.set_aside[1] for lv in comp.levels)
         assert logs.count("sglang-eagle3 warmed up with") == started
     assert pids_with_marker(port) == [] and pids_with_marker(port + 1) == []
+
+
+async def test_an_engine_upgrade_that_moves_the_answer_fails_the_nightly_run_naming_the_version(tmp_path: Path) -> None:
+    """Two nights on one kind of host: the second night's simulator reports another version and speculation now pays
+    at 16 too. The comparison appends each night's answer to the results' history, and the second night's last
+    stage fails (decision.fail_on_drift, as the nightly deployments set it), naming the version that changed."""
+    results = tmp_path / "results"
+    benchmark = BenchmarkSettings(workload=WorkloadConfig(input_len=16, output_len=32), results=str(results),
+                                  sweep=SweepConfig(concurrency=[1, 16], num_requests=16, warmup_requests=2))
+    decision = DecisionConfig(max_requests_per_level=96, fail_on_drift=True)
+    port = free_port(span=2)
+    base, spec = sim_profiles(port)
+    first = await compare_speculation(base, spec, benchmark=benchmark, decision=decision, return_state=True)
+    assert first.is_completed(), first
+    upgraded = [p.model_copy(update={"argv": [*p.argv, "--sim-version", "0.5.5-specsweep-sim"]}) for p in (base, spec)]
+    upgraded[1] = upgraded[1].model_copy(update={"argv": [*upgraded[1].argv, "--sim-speedup", "1=2.0",
+                                                          "--sim-speedup", "16=1.5"]})
+    second = await compare_speculation(*upgraded, benchmark=benchmark, decision=decision, return_state=True)
+    assert second.is_failed(), second
+    logs = "\n".join(await flow_logs(second.state_details.flow_run_id))
+    assert "Drift since" in logs and "engine_version: sglang 0.5.4-specsweep-sim -> sglang 0.5.5-specsweep-sim" in logs
+    assert "off from 16 -> keep it on" in logs or "C=16" in logs
+    history = ResultsStore(results).history()
+    assert len(history) == 2 and history[0].key == history[1].key  # one kind, two nights
+    assert pids_with_marker(port) == []

@@ -399,7 +399,7 @@ class SimServer:
                 if not k.startswith(("fault_", "sim_")) and k not in _NOT_SHOWN}
         return web.json_response({
             **args,
-            "version": VERSION,
+            "version": self.args.sim_version,
             "sim_profile": self.profile.name,
             "ignored_args": self.ignored,
             "internal_states": [{
@@ -692,6 +692,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                     help="the first N generations after the start are slow: the first waits --sim-cold-ttft-s "
                     "before its first token, the next ones less and less")
     ap.add_argument("--sim-cold-ttft-s", type=float, default=0.2)
+    ap.add_argument("--sim-version", default=VERSION, help="the version /server_info reports (a test plays an "
+                    "engine upgrade with it)")
     ap.add_argument("--sim-speedup", action="append", default=[], metavar="BATCH=SPEEDUP",
                     help="with speculation: its speedup over the baseline at this batch size (repeat for a profile; "
                     "log-linear between, flat beyond), in place of the profile's own")
