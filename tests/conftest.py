@@ -50,7 +50,7 @@ os.environ["SPECSWEEP_POLICY"] = _test_policy()
 
 #: The longest test files, first: the parallel run (scripts/test.sh: pytest-xdist, one file per worker at a
 #: time) ends sooner when the long ones do not start last.
-LONGEST_FIRST = ["engines/test_vllm.py", "faults/test_tunnel.py",
+LONGEST_FIRST = ["specsweep/engines/test_vllm_real.py", "faults/test_tunnel.py",
                  "deployments/test_deployments.py", "flows/test_compare_flow.py", "flows/test_tune_flow.py",
                  "flows/test_cancel_and_crash.py", "flows/test_shared_results.py", "flows/test_decide_and_verify.py",
                  "flows/test_host_lock.py"]

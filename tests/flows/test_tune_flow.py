@@ -26,7 +26,7 @@ from tests.helpers.cli import invoke
 from tests.helpers.runner import serving, wait_for_deployment, wait_for_state
 from tests.helpers.sim import running_sim
 from tests.helpers.sshd import free_port
-from tests.specsweep.test_gpu_metrics import OWN_QUERY
+from tests.specsweep.server.test_gpu_metrics import OWN_QUERY
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

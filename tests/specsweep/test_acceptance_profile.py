@@ -12,7 +12,7 @@ from specsweep import engines
 from specsweep.acceptance import ALL, profile_of, speculation_profile
 from specsweep.metrics import request_rows
 from specsweep.records import Block, BlockRun, RequestRecord
-from tests.specsweep.test_compare import BASE, SPEC, store_pair
+from tests.specsweep.analysis.test_compare import BASE, SPEC, store_pair
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

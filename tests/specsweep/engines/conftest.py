@@ -12,7 +12,7 @@ import pytest
 from specsweep.engines.llamacpp import default_models_dir
 from specsweep.targets.vllm.models import HFModels, HFModelSpec, make_models
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="session")

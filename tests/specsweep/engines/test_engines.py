@@ -68,7 +68,7 @@ def test_each_engine_knows_its_own_and_only_the_registry_names_them() -> None:
     import re
     from pathlib import Path
 
-    core = Path(__file__).resolve().parents[2] / "specsweep"
+    core = Path(__file__).resolve().parents[3] / "specsweep"
     names = re.compile("|".join(re.escape(e.name) for e in engines.ENGINES.values())
                        + "|" + "|".join(re.escape(e.label) for e in engines.ENGINES.values()), re.IGNORECASE)
     found = [f"{p.relative_to(core)}:{n}" for p in core.rglob("*.py") if "engines" not in p.parts and "targets" not in p.parts

@@ -12,7 +12,7 @@ from specsweep.metrics import level_row
 from specsweep.records import Block, BlockRun
 from specsweep.server.engine_metrics import Sampler, differences, level_figures, snapshot
 
-VLLM_PAGE = (Path(__file__).parent.parent / "data" / "vllm-0.32.0-metrics.txt").read_text()
+VLLM_PAGE = (Path(__file__).resolve().parents[2] / "data" / "vllm-0.32.0-metrics.txt").read_text()
 
 
 def test_a_real_vllm_page_reads_into_the_vocabulary() -> None:
@@ -87,7 +87,7 @@ async def test_the_sampler_reads_gauges_while_a_level_runs_and_gives_up_on_a_ser
 def test_a_real_llama_cpp_page_reads_into_the_vocabulary() -> None:
     """Recorded from the xllamacpp 2026.10 server (--metrics) after two 32-token requests with a draft
     model, --draft-max 4."""
-    snap = snapshot((Path(__file__).parent.parent / "data" / "llamacpp-xllamacpp-2026.10-metrics.txt").read_text())
+    snap = snapshot((Path(__file__).resolve().parents[2] / "data" / "llamacpp-xllamacpp-2026.10-metrics.txt").read_text())
     assert snap["generation_tokens"] == 64 and snap["prompt_tokens"] == 10 and snap["running"] == 0
     assert (snap["spec_drafts"], snap["spec_draft_tokens"], snap["spec_accepted_tokens"]) == (16, 64, 44)
     assert [snap[f"spec_accepted_pos{i}"] for i in range(4)] == [14, 10, 10, 10]

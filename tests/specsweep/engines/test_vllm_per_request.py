@@ -13,7 +13,7 @@ from specsweep import engines
 from specsweep.metrics import level_row
 from specsweep.records import Block, BlockRun, RequestRecord
 
-DATA = Path(__file__).resolve().parents[1] / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 
 
 def _events(name: str) -> list[dict]:  # type: ignore[type-arg]

@@ -12,7 +12,7 @@ from specsweep.analysis.decision import DecisionConfig
 from specsweep.analysis.history import drift, history_row, history_table, identity, last_comparable
 from specsweep.records import HistoryRow, RunRow
 from specsweep.results.store import ResultsStore
-from tests.specsweep.test_compare import rows
+from tests.specsweep.analysis.test_compare import rows
 
 SPEC_COMMAND = ("python -m sglang.launch_server --model-path /m/kimi --port 30001 --speculative-algorithm EAGLE3 "
                 "--speculative-num-steps 3")

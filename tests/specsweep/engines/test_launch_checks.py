@@ -82,7 +82,7 @@ async def test_a_run_is_refused_before_any_host_is_touched(tmp_path: Path) -> No
 def test_a_lossy_verifiers_comparison_is_labelled_in_its_report(tmp_path: Path) -> None:
     from specsweep.analysis.compare import compare_runs
     from specsweep.reports.markdown import comparison_markdown
-    from tests.specsweep.test_compare import BASE, SPEC, store_pair
+    from tests.specsweep.analysis.test_compare import BASE, SPEC, store_pair
 
     comp = compare_runs(store_pair(tmp_path / "res", BASE, SPEC), "base1", "spec1")
     assert "Lossy verifier" not in comparison_markdown(comp)

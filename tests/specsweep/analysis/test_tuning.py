@@ -19,7 +19,7 @@ from specsweep.errors import ConfigError
 from specsweep.records import RunRow
 from specsweep.reports.folders import write_tuning_report
 from specsweep.results.store import ResultsStore
-from tests.specsweep.test_compare import rows, steady
+from tests.specsweep.analysis.test_compare import rows, steady
 
 VLLM = VLLMSettings(model="/m/llama", method="draft_model", draft_model="/m/draft")
 VLLM_SPEC = ("python -m vllm.entrypoints.openai.api_server --model /m/llama --speculative-config "
