@@ -24,7 +24,7 @@ from specsweep.analysis.slo import SLOView, requests_by_level, slo_view
 from specsweep.analysis.stats import Verdict, t_quantile
 from specsweep.analysis.traffic import COLUMNS as TRAFFIC_COLUMNS
 from specsweep.analysis.traffic import TrafficView, traffic_view
-from specsweep.analysis.verify import ARMS, Verification, verify_levels
+from specsweep.analysis.verify import ARMS, CONTROLLER, Verification, verify_levels
 from specsweep.engines import PerBatchSetting, SpeculationSettings
 from specsweep.errors import ConfigError, MeasurementError
 from specsweep.records import FINGERPRINT_COLUMNS, BlockRow, RunRow
@@ -94,7 +94,8 @@ class Comparison(BaseModel):
                                             "available: its status and bound say which.")
     slo: SLOView | None = Field(None, description="Capacity and goodput within the decision's latency targets.")
     verification: Verification | None = Field(None, description="The verify stage: the recommended setting run by the "
-                                              "engine against always off and always on.")
+                                              "engine against always off and always on (and the engine's own "
+                                              "controller, where that arm ran).")
     traffic: TrafficView | None = Field(None, description="Per category of prompt and level, output lengths, and "
                                         "whether speculation kept the greedy outputs.")
     notes: list[str] = Field(default_factory=list)
@@ -331,11 +332,12 @@ def verification_of(store: ResultsStore, comp: Comparison, decision: DecisionCon
     for rid in store.run_ids():
         if rid.endswith(f"-verify-{suffix}") and (row := store.run(rid)).verifies == key and row.verify_arm:
             ids[row.verify_arm], commands[row.verify_arm] = rid, row.command or ""
-    if set(ids) != set(ARMS):
+    if not set(ARMS) <= set(ids):
         return None
-    rows = {arm: store.level_rows(ids[arm]) for arm in ARMS}
-    v = verify_levels(rows["off"], rows["on"], rows["schedule"], off_from=comp.recommendation.speculation_off_from,
-                      setting=commands["schedule"], decision=decision, num_requests=num_requests)
+    rows = {arm: store.level_rows(ids[arm]) for arm in ids}
+    v = verify_levels(rows["off"], rows["on"], rows["schedule"], rows.get(CONTROLLER),
+                      off_from=comp.recommendation.speculation_off_from, setting=commands["schedule"],
+                      decision=decision, num_requests=num_requests, controller_setting=commands.get(CONTROLLER))
     v.runs = ids
     return v
 

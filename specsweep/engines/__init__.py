@@ -8,7 +8,7 @@ profiles (any other server) are read with every engine's rules.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specsweep.engines.base import (
     Engine,
@@ -24,8 +24,11 @@ from specsweep.engines.llamacpp import ENGINE as LLAMACPP
 from specsweep.engines.sglang import ENGINE as SGLANG
 from specsweep.engines.vllm import ENGINE as VLLM
 from specsweep.errors import ConfigError
-from specsweep.profiles import ServerProfile
+from specsweep.profiles import ProfileParams, ServerProfile
 from specsweep.records import RequestRecord
+
+if TYPE_CHECKING:
+    from specsweep.analysis.decision import DecisionConfig
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (SGLANG, VLLM, LLAMACPP)}
 CUSTOM = "custom"
@@ -56,6 +59,33 @@ def check_verifiable(name: str, what: str = "decision.verify") -> None:
     ``specsweep route``, saying why."""
     if name in ENGINES and (why := ENGINES[name].no_per_batch_switch) and not ENGINES[name].routed:
         raise ConfigError(f"{what}: {why} Leave verify off for {ENGINES[name].label}.")
+
+
+def tier_reader(name: str) -> tuple[str, Callable[[dict[str, Any]], int | None]] | None:
+    """Where the engine shows its own controller's active tier and how to read it from the answer (None: nowhere,
+    or not an engine specsweep knows)."""
+    engine = ENGINES.get(name)
+    return (engine.tier_at, engine.controller_tier) if engine is not None and engine.tier_at else None
+
+
+def controller_setting(profile: ProfileParams, decision: DecisionConfig,
+                       what: str = "decision.verify_controller") -> PerBatchSetting | None:
+    """How the verify stage starts the speculative profile with its engine's own controller (the fourth arm), or
+    None where that arm does not run: turned off, or (left to its default) an engine without a controller or a
+    launch it cannot take. ``verify_controller: true`` where it cannot run: a ConfigError saying why."""
+    if decision.verify_controller is False:
+        return None
+    engine = ENGINES.get(profile.engine)
+    setting = engine.controller_setting(profile.argv, decision.controller_config) \
+        if engine is not None and engine.controller else None
+    if setting is None or not setting.flags:
+        if decision.verify_controller:
+            why = (" ".join(setting.notes) if setting is not None else
+                   f"{engine.label if engine else profile.engine} has no speculation controller of its own specsweep "
+                   "knows.")
+            raise ConfigError(f"{what}: {why} Leave verify_controller unset (or false) for this profile.")
+        return None
+    return setting
 
 
 def check_launch(profile: ServerProfile, what: str = "profile") -> list[LaunchFinding]:

@@ -15,6 +15,7 @@ from typing import Any
 from specsweep.acceptance import speculation_profile
 from specsweep.analysis.compare import Comparison
 from specsweep.analysis.tuning import Tuning
+from specsweep.analysis.verify import ControllerCheck
 from specsweep.reports.markdown import (
     PHASE_COLUMNS,
     comparison_markdown,
@@ -73,8 +74,22 @@ def verification_json(comp: Comparison) -> dict[str, Any]:
                         "interval": [round(lv.ratio_low, 4), round(lv.ratio_high, 4)]
                         if lv.ratio_low is not None and lv.ratio_high is not None else None,
                         "tokens_per_s": {"off": round(lv.off_tokens_per_s, 2), "on": round(lv.on_tokens_per_s, 2),
-                                         "schedule": round(lv.schedule_tokens_per_s, 2)}, "blocks": lv.blocks}
-                       for lv in v.levels]}
+                                         "schedule": round(lv.schedule_tokens_per_s, 2),
+                                         **({"controller": round(lv.controller.controller_tokens_per_s, 2)}
+                                            if lv.controller is not None else {})}, "blocks": lv.blocks,
+                        **({"against_controller": _against(lv.controller)} if lv.controller is not None else {})}
+                       for lv in v.levels],
+            "against_controller": None if v.against_controller is None else {
+                "result": v.against_controller, "summary": v.controller_summary, "setting": v.controller}}
+
+
+def _against(c: ControllerCheck) -> dict[str, Any]:
+    """The schedule against the engine's own controller at one level."""
+    return {"result": c.result, "ratio": round(c.ratio, 4),
+            "interval": [round(c.ratio_low, 4), round(c.ratio_high, 4)]
+            if c.ratio_low is not None and c.ratio_high is not None else None,
+            "controller_drafted_per_step": None if c.drafted_per_step is None else round(c.drafted_per_step, 3),
+            "controller_tier_mean": None if c.tier_mean is None else round(c.tier_mean, 3)}
 
 
 def tuning_json(tuning: Tuning) -> dict[str, Any]:

@@ -322,9 +322,32 @@ def verification_markdown(v: Verification | None) -> list[str]:
                                   and lv.ratio_high is not None else ""), lv.result, str(lv.blocks)] for lv in v.levels]
     table = markdown_table(["concurrency", "recommended", "always off tok/s", "always on tok/s", "as recommended tok/s",
                             "better fixed", "recommended / better [interval]", "result", "blocks each"], rows)
-    return ["### Verified?", f"**{v.summary}**", f"The engine ran: `{v.setting}`", table,
-            f"Each level: the recommended setting against the better of the two fixed policies, blocks of the three "
-            f"in turn (paired). It reaches the better one when the interval lies above 1 - {v.margin:.0%}."]
+    parts = ["### Verified?", f"**{v.summary}**", f"The engine ran: `{v.setting}`", table,
+             f"Each level: the recommended setting against the better of the two fixed policies, blocks of the "
+             f"{'four' if v.against_controller is not None else 'three'} arms in turn (paired). It reaches the better "
+             f"one when the interval lies above 1 - {v.margin:.0%}."]
+    return parts + controller_markdown(v)
+
+
+def controller_markdown(v: Verification) -> list[str]:
+    """The measured schedule against the engine's own controller (the verify stage's fourth arm), per level."""
+    if v.against_controller is None:
+        return []
+    rows = [[str(lv.concurrency), _f(lv.schedule_tokens_per_s), _f(lv.controller.controller_tokens_per_s),
+             f"{lv.controller.ratio:.2f}" + (f" [{lv.controller.ratio_low:.2f}, {lv.controller.ratio_high:.2f}]"
+                                             if lv.controller.ratio_low is not None
+                                             and lv.controller.ratio_high is not None else ""),
+             lv.controller.result, _f(lv.controller.drafted_per_step, 2), _f(lv.controller.tier_mean, 2)]
+            for lv in v.levels if lv.controller is not None]
+    table = markdown_table(["concurrency", "as recommended tok/s", "engine's controller tok/s",
+                            "recommended / controller [interval]", "the schedule", "controller drafts per step",
+                            "controller tier (mean)"], rows)
+    return ["### Against the engine's own controller", f"**{v.controller_summary}**",
+            f"The engine's controller ran: `{v.controller}`", table,
+            f"Each level: the measured schedule against the engine's own controller, blocks in the same rounds "
+            f"(paired). It beats the controller when the interval lies above 1, matches it within ±{v.margin:.0%}, "
+            f"loses when below 1, and is no better when it cannot gain more than {v.margin:.0%}. The level's two "
+            "intervals (against the better fixed policy, against the controller) share its error budget."]
 
 
 def batch_span(batch_from: int, batch_to: int) -> str:
