@@ -22,6 +22,7 @@ from specsweep.reports.markdown import (
     energy_levels,
     energy_markdown,
     phases_markdown,
+    recovery_markdown,
     tuning_markdown,
 )
 from specsweep.reports.plots import comparison_plots, tuning_plot
@@ -160,8 +161,12 @@ def _phases(comp: Comparison, store: ResultsStore) -> list[str]:
     if not comp.baseline_run_id or not comp.speculative_run_id:
         return []
     try:
-        return phases_markdown(store.request_fields(comp.baseline_run_id, PHASE_COLUMNS),
-                               store.request_fields(comp.speculative_run_id, PHASE_COLUMNS))
+        parts = phases_markdown(store.request_fields(comp.baseline_run_id, PHASE_COLUMNS),
+                                store.request_fields(comp.speculative_run_id, PHASE_COLUMNS))
+        v = comp.verification
+        if parts and v is not None and v.runs:  # the verify stage's arms after each shift, too
+            parts += recovery_markdown({arm: store.request_fields(rid, PHASE_COLUMNS) for arm, rid in v.runs.items()})
+        return parts
     except OSError:
         return []
 

@@ -231,6 +231,52 @@ def phases_markdown(baseline: Sequence[Request], speculative: Sequence[Request])
             "them (a fixed setting does not)."]
 
 
+#: How the verify stage's arms are named in its tables.
+ARM_LABELS = {"off": "always off", "on": "always on", "schedule": "as recommended", "controller": "engine's controller"}
+
+
+def _halves(rows: Sequence[Request]) -> tuple[list[Request], list[Request]]:
+    """Each block's requests of a phase in two halves, in the order they were sent: (first halves, second halves)."""
+    blocks: dict[Any, list[Request]] = {}
+    for r in sorted(rows, key=lambda r: (r["repeat"], r["prompt_index"])):
+        blocks.setdefault(r["repeat"], []).append(r)
+    return ([r for b in blocks.values() for r in b[:len(b) // 2]], [r for b in blocks.values() for r in b[len(b) // 2:]])
+
+
+def _tpot_p50(rows: Sequence[Request]) -> float | None:
+    values = [float(t) for r in rows if isinstance(t := r.get("tpot_ms"), (int, float)) and t == t]
+    return statistics.median(values) if values else None
+
+
+def recovery_markdown(arms: Mapping[str, Sequence[Request]]) -> list[str]:
+    """How fast each of the verify stage's arms recovers after a shift: per level, phase and arm, TPOT p50 and
+    drafts per verify step in each block's first half of the phase against its second. An arm that has settled
+    by the first half shows the same figures in both; a controller still moving shows them change. Nothing where
+    the arms' requests had no phases."""
+    measured = {arm: [r for r in rows if not r.get("warmup") and r.get("phase") is not None
+                      and r.get("error_type") is None] for arm, rows in arms.items()}
+    if not any(measured.values()):
+        return []
+    keys = sorted({(float(r["level_value"]), int(r["phase"])) for rows in measured.values() for r in rows})
+    table = []
+    for value, phase in keys:
+        for arm, rows in sorted(measured.items(), key=lambda kv: list(ARM_LABELS).index(kv[0])
+                                if kv[0] in ARM_LABELS else len(ARM_LABELS)):
+            of = [r for r in rows if r["level_value"] == value and r["phase"] == phase]
+            if not of:
+                continue
+            first, second = _halves(of)
+            table.append([f"{value:g}", str(phase), str(of[0].get("category") or "-"), ARM_LABELS.get(arm, arm),
+                          f"{_f(_tpot_p50(first), 2)} -> {_f(_tpot_p50(second), 2)}",
+                          f"{_f(_drafts_per_step(first), 2)} -> {_f(_drafts_per_step(second), 2)}"])
+    return ["### Recovery after a shift (verify stage)",
+            markdown_table(["level", "phase", "category", "arm", "TPOT p50 ms (first half -> second)",
+                            "drafts per step (first half -> second)"], table),
+            "Each arm's requests of a phase, in each block's first half against its second: an arm that adapts to the "
+            "new traffic at once shows the same figures in both halves; one still catching up after the shift (an "
+            "engine's own controller warming up its average) shows them move between them."]
+
+
 def temperatures_markdown(comparisons: dict[str, Comparison]) -> str:
     """The answer at each temperature: the verdict per level and the recommendation, side by side."""
     cs = sorted({lv.concurrency for comp in comparisons.values() for lv in comp.levels})

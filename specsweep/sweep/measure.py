@@ -19,8 +19,9 @@ from specsweep.sweep.prompts import _prompts, marked, request_for, warmup_worklo
 
 #: How often the engine's /metrics gauges are read while a level runs.
 ENGINE_SAMPLE_S = 0.25
-#: How often an engine's own controller's active tier (where it shows one) is read while a block runs.
-CONTROLLER_SAMPLE_S = 0.5
+#: How often an engine's own controller's active tier (where it shows one) is read while a block runs: often
+#: enough that a short block (a fraction of a second on the simulator) holds a reading.
+CONTROLLER_SAMPLE_S = 0.1
 
 async def measure_level(
     target: BenchTarget,
