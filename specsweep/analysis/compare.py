@@ -303,6 +303,7 @@ def compare_runs(store: ResultsStore, baseline_run_id: str, speculative_run_id: 
         comp.notes.append("The two configurations were not sent the same prompts at " + ", ".join(differ) +
                           " (their prompt digests differ: another workload, seed or tokenizer): the comparison there is "
                           "not paired by prompt.")
+    speculation = engines.speculation_of(spec_run.command, spec_run.engine)
     comp.traffic = traffic_view(store.request_fields(baseline_run_id, TRAFFIC_COLUMNS),
                                 store.request_fields(speculative_run_id, TRAFFIC_COLUMNS), base_rows, spec_rows,
                                 margin=decision.margin, names=(base_run.config_name, spec_run.config_name),
@@ -310,9 +311,10 @@ def compare_runs(store: ResultsStore, baseline_run_id: str, speculative_run_id: 
                                        for lv in comp.levels},
                                 confidence=lambda categories: decision.interval_confidence(
                                     num_requests, len(comp.levels) + len(comp.unanswered), categories, paired=paired),
-                                unanswered=comp.unanswered)
+                                unanswered=comp.unanswered,
+                                lossy_verifier=speculation.lossy_verifier if speculation is not None else None)
     comp.notes += comp.traffic.notes
-    comp = with_engine_setting(comp, engines.speculation_of(spec_run.command, spec_run.engine))
+    comp = with_engine_setting(comp, speculation)
     comp.verification = verification_of(store, comp, decision, num_requests)
     if decision.slo is not None:
         comp.slo = slo_view(decision.slo, *(requests_by_level(store.request_fields(rid, SLO_COLUMNS), rows)

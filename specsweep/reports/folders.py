@@ -59,6 +59,9 @@ def recommendation_json(comp: Comparison) -> dict[str, Any]:
         "projected_tokens_per_s": {k: round(v, 2) for k, v in rec.projected_tokens_per_s.items()},
         "engine_setting": comp.setting.model_dump(mode="json") if comp.setting is not None else None,
         "verified": verification_json(comp),
+        "lossless_check": {"result": comp.traffic.lossless_check, "lossy_verifier": comp.traffic.lossy_verifier,
+                           "levels": [lv.model_dump() for lv in comp.traffic.lossless]}
+        if comp.traffic is not None else None,
         "slo": comp.slo.model_dump(mode="json") if comp.slo is not None else None,
     }
 

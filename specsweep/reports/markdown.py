@@ -331,8 +331,12 @@ def traffic_markdown(view: TrafficView | None) -> list[str]:
              "measured together share the machine's state, so a category needs rounds, not only prompts, to be "
              "decided.",
              "### Output lengths", lengths]
-    if view.lossless:
-        parts.append("### Same outputs at temperature 0\n\n" + ", ".join(
+    if view.lossless or view.lossless_check == "failed":
+        check = {"passed": "**Output check at temperature 0: passed.** ",
+                 "failed": "**Output check at temperature 0: failed" + (f" (lossy verifier: {view.lossy_verifier})"
+                                                                        if view.lossy_verifier else "") + ".** ",
+                 "not run": ""}[view.lossless_check]
+        parts.append("### Same outputs at temperature 0\n\n" + check + ", ".join(
             f"C={lv.concurrency}: {lv.same} of {lv.pairs} prompts ({lv.share:.0%})" for lv in view.lossless)
             + ". Speculative decoding verifies every token against the target: greedy outputs should match but for "
               "numerical noise.")
