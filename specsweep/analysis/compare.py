@@ -339,9 +339,19 @@ def verification_of(store: ResultsStore, comp: Comparison, decision: DecisionCon
     rows = {arm: store.level_rows(ids[arm]) for arm in ids}
     v = verify_levels(rows["off"], rows["on"], rows["schedule"], rows.get(CONTROLLER),
                       off_from=comp.recommendation.speculation_off_from, setting=commands["schedule"],
-                      decision=decision, num_requests=num_requests, controller_setting=commands.get(CONTROLLER))
+                      decision=decision, num_requests=num_requests, controller_setting=commands.get(CONTROLLER),
+                      setting_cost=_setting_cost(comp))
     v.runs = ids
     return v
+
+
+def _setting_cost(comp: Comparison) -> str | None:
+    """The engine's known cost of its per-batch setting (Engine.per_batch_cost), where the verify stage ran
+    that setting on the engine itself (not behind the router)."""
+    setting = comp.setting
+    if setting is None or not setting.flags or setting.engine not in engines.ENGINES:
+        return None
+    return engines.ENGINES[setting.engine].per_batch_cost
 
 
 def prompts_differ(base: list[BlockRow], spec: list[BlockRow]) -> list[str]:

@@ -88,7 +88,7 @@ class TrafficView(BaseModel):
         "LOSSLESS_MIN_SHARE of the outputs; failed where one did not, or where the speculative configuration's "
         "verifier is lossy by its settings (whatever share matched); not run without greedy pairs.")
     lossy_verifier: str | None = Field(None, description="The lossy verifier the speculative configuration's "
-                                       "settings name (vLLM's rejection_sample_method fly or synthetic).")
+                                       "settings name (SpeculationSettings.lossy_verifier, from its launch command).")
     notes: list[str] = Field(default_factory=list)
 
     @property

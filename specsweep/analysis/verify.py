@@ -61,6 +61,18 @@ class ControllerCheck(BaseModel):
                                     "from /server_info, mean over the blocks.")
 
 
+class SettingCost(BaseModel):
+    """The per-batch setting against always-on at the lowest level where it speculates (the same K): what the
+    setting itself costs there (an engine's known cost: Engine.per_batch_cost), on its own."""
+
+    concurrency: int
+    why: str = Field(description="The engine's known reason for a cost.")
+    ratio: float = Field(description="as recommended / always on")
+    ratio_low: float | None = None
+    ratio_high: float | None = None
+    verdict: str = Field(description="stats.verdict of the ratio with the margin: slower is a cost beyond noise.")
+
+
 class LevelCheck(BaseModel):
     """The schedule at one level against the better fixed policy."""
 
@@ -95,6 +107,8 @@ class Verification(BaseModel):
     against_controller: Overall | None = Field(None, description="The schedule against the engine's own controller "
                                                "over the levels (None: the fourth arm did not run).")
     controller_summary: str = ""
+    setting_cost: SettingCost | None = Field(None, description="The per-batch setting against always-on at the "
+                                             "lowest level where it speculates, where its engine has a known cost.")
 
 
 def _geomean(rows: Sequence[BlockRow]) -> float:
@@ -168,7 +182,8 @@ def _by_concurrency(rows: Sequence[BlockRow]) -> dict[int, list[BlockRow]]:
 
 def verify_levels(off: Sequence[BlockRow], on: Sequence[BlockRow], schedule: Sequence[BlockRow],
                   controller: Sequence[BlockRow] | None = None, *, off_from: int | None, setting: str,
-                  decision: DecisionConfig, num_requests: int, controller_setting: str | None = None) -> Verification:
+                  decision: DecisionConfig, num_requests: int, controller_setting: str | None = None,
+                  setting_cost: str | None = None) -> Verification:
     """The verification from the arms' blocks (``controller``: the engine's own controller's, where the fourth arm
     ran). ``off_from``: the recommendation's threshold (None: on everywhere)."""
     arms = [_by_concurrency(rows) for rows in (off, on, schedule, *([controller] if controller is not None else []))]
@@ -183,6 +198,12 @@ def verify_levels(off: Sequence[BlockRow], on: Sequence[BlockRow], schedule: Seq
         if levels else {}
     v = Verification(status=status, setting=setting, levels=levels, margin=decision.margin,
                      mean_tokens_per_s=means, summary=_summary(status, levels, decision.margin))
+    lowest = next((lv for lv in levels if lv.speculates), None)
+    if setting_cost is not None and lowest is not None:  # same K as always-on there: a difference is the setting's
+        c = lowest.concurrency
+        iv = ratio_interval(throughputs(arms[1][c]), throughputs(arms[2][c]), paired=True, confidence=confidence)
+        v.setting_cost = SettingCost(concurrency=c, why=setting_cost, ratio=iv.ratio, ratio_low=iv.low,
+                                     ratio_high=iv.high, verdict=verdict(iv, decision.margin))
     if controller is None:
         return v
     checks = [lv.controller for lv in levels if lv.controller is not None]

@@ -135,6 +135,9 @@ class Engine:
     #: Its own speculation controller, named for people (None: it has none): the verify stage's fourth arm starts
     #: the speculative profile with it (``controller_setting``) beside off, on and the measured schedule.
     controller: ClassVar[str | None] = None
+    #: Why its per-batch setting may cost speed even where it runs the same K as always-on (None: no known cost):
+    #: the verify stage then reports the setting against always-on at the lowest level on its own.
+    per_batch_cost: ClassVar[str | None] = None
     #: Where (GET, JSON) its controller's active tier is shown while it runs (``specsweep.server.controller_state``).
     tier_at: ClassVar[str | None] = None
 

@@ -83,6 +83,7 @@ def verification_json(comp: Comparison) -> dict[str, Any]:
                                             if lv.controller is not None else {})}, "blocks": lv.blocks,
                         **({"against_controller": _against(lv.controller)} if lv.controller is not None else {})}
                        for lv in v.levels],
+            "setting_cost": v.setting_cost.model_dump(mode="json") if v.setting_cost is not None else None,
             "against_controller": None if v.against_controller is None else {
                 "result": v.against_controller, "summary": v.controller_summary, "setting": v.controller}}
 

@@ -376,6 +376,11 @@ def verification_markdown(v: Verification | None) -> list[str]:
              f"Each level: the recommended setting against the better of the two fixed policies, blocks of the "
              f"{'four' if v.against_controller is not None else 'three'} arms in turn (paired). It reaches the better "
              f"one when the interval lies above 1 - {v.margin:.0%}."]
+    if (cost := v.setting_cost) is not None:
+        ci = f" [{cost.ratio_low:.2f}, {cost.ratio_high:.2f}]" if cost.ratio_low is not None \
+            and cost.ratio_high is not None else ""
+        parts.append(f"**The setting's own cost at C={cost.concurrency}** (as recommended against always on, the same K: "
+                     f"reported on its own): ×{cost.ratio:.2f}{ci} ({cost.verdict}). Why it may cost: {cost.why}.")
     return parts + controller_markdown(v)
 
 

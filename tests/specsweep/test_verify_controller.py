@@ -139,3 +139,22 @@ def test_the_active_tier_is_read_only_from_a_server_running_the_controller() -> 
     assert figures["controller_tier_mean"] == 5.0
     assert json.loads(figures["controller_tiers"]) == {"1": 0.25, "3": 0.125, "7": 0.625}
     assert tier_figures([]) == {}
+
+
+def test_a_per_batch_table_that_costs_at_the_lowest_level_is_reported_on_its_own() -> None:
+    # vLLM's table at C=1 runs the same K as always-on, yet 14 % slower (vllm issue #49548's figure): the schedule's
+    # own check there says falls short, and the cost is reported on its own, naming why.
+    why = engines.get("vllm").per_batch_cost
+    assert why is not None and "#49548" in why
+    slow = {1: [129.0, 130, 128, 129.5] * 3, 16: [801.0, 799, 803, 800] * 3}
+    v = verify_levels(rows("off", OFF), rows("on", ON), rows("schedule", slow), off_from=16, setting="--x",
+                      decision=DecisionConfig(), num_requests=16, setting_cost=why)
+    cost = v.setting_cost
+    assert cost is not None and cost.concurrency == 1 and cost.verdict == "slower" and round(cost.ratio, 2) == 0.86
+    assert cost.ratio_high is not None and cost.ratio_high < 0.9
+    from specsweep.reports.markdown import verification_markdown
+    assert "**The setting's own cost at C=1**" in "\n".join(verification_markdown(v))
+    # An engine with no known cost (SGLang's file) gets none.
+    assert engines.get("sglang").per_batch_cost is None
+    assert verify_levels(rows("off", OFF), rows("on", ON), rows("schedule", slow), off_from=16, setting="--x",
+                         decision=DecisionConfig(), num_requests=16).setting_cost is None
