@@ -364,7 +364,8 @@ class RunRow(Row):
     decision_json: str | None = Field(None, description="The comparison's decision settings (margin, budget).")
     verifies: str | None = Field(None, description="The verify stage: the comparison whose recommendation this run "
                                  "measured ('<baseline run id>--<speculative run id>').")
-    verify_arm: str | None = Field(None, description="The verify stage: off, on or schedule (the recommendation).")
+    verify_arm: str | None = Field(None, description="The verify stage: off, on, schedule (the recommendation) or "
+                                      "controller (the engine's own).")
     started_at: str | None = None
     ended_at: str | None = None
     time_to_ready_s: float | None = None

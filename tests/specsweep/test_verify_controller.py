@@ -5,6 +5,7 @@ the extra comparison takes."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -158,3 +159,19 @@ def test_a_per_batch_table_that_costs_at_the_lowest_level_is_reported_on_its_own
     assert engines.get("sglang").per_batch_cost is None
     assert verify_levels(rows("off", OFF), rows("on", ON), rows("schedule", slow), off_from=16, setting="--x",
                          decision=DecisionConfig(), num_requests=16).setting_cost is None
+
+
+def test_a_level_stored_before_the_controller_columns_still_reads(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    from specsweep.results.store import ResultsStore
+
+    store = ResultsStore(tmp_path / "res")
+    row = rows("x", {1: [100.0]})[0].model_copy(update={"controller_tier_mean": 3.0, "controller_tiers": '{"3": 1.0}'})
+    store.write_level("old", row.level.key, row, [])
+    (path,) = (tmp_path / "res" / "levels" / "run_id=old").glob("*.parquet")
+    table = pq.read_table(path)
+    pq.write_table(table.drop_columns(["controller_tier_mean", "controller_tiers"]), path)  # as an older version wrote
+    assert "controller_tier_mean" not in pq.read_schema(path).names
+    (back,) = store.level_rows("old")
+    assert back.controller_tier_mean is None and back.controller_tiers is None and back.output_tokens_per_s == 100.0
