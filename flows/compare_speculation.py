@@ -65,7 +65,9 @@ async def compare_speculation(baseline: ProfileParams, speculative: ProfileParam
         speculative = speculative.model_copy(update={"port": baseline.port + 1})  # both servers up at once
     if decision.verify:
         engines.check_verifiable(speculative.engine)
-        engines.controller_setting(speculative, decision)  # refused here where verify_controller cannot run
+        # The engine's own controller's arm, refused here where it cannot run or its launch breaks a rule.
+        for finding in engines.check_controller(speculative, decision):
+            logger.warning("verify: the engine's own controller: %s", finding)
     run = await prepare_run([baseline, speculative], host, benchmark, decision)
     sweep = benchmark.sweep
     async with hold_host(run.host, host.block) as h:  # one benchmark per host at a time

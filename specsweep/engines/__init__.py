@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from specsweep.engines.base import (
+    OWN_CONTROLLER,
     Engine,
     EngineSettings,
     LaunchFinding,
@@ -19,6 +20,7 @@ from specsweep.engines.base import (
     ServerInfo,
     SpeculationSettings,
     split_command,
+    with_setting,
 )
 from specsweep.engines.llamacpp import ENGINE as LLAMACPP
 from specsweep.engines.sglang import ENGINE as SGLANG
@@ -88,7 +90,18 @@ def controller_setting(profile: ProfileParams, decision: DecisionConfig,
     return setting
 
 
-def check_launch(profile: ServerProfile, what: str = "profile") -> list[LaunchFinding]:
+def check_controller(profile: ProfileParams, decision: DecisionConfig) -> list[LaunchFinding]:
+    """Before anything runs: the verify stage's fourth arm as it will start (``controller_setting``), checked by its
+    engine's launch rules (a ConfigError naming every refused rule, e.g. a per-batch table under data
+    parallelism); the warnings returned. Nothing where the arm does not run."""
+    setting = controller_setting(profile, decision)
+    if setting is None:
+        return []
+    started = with_setting(profile, setting, setting.file_name, OWN_CONTROLLER)  # the file's name stands for its path
+    return check_launch(started, "decision.controller_config")
+
+
+def check_launch(profile: ProfileParams, what: str = "profile") -> list[LaunchFinding]:
     """Check a profile's launch command by its engine's rules before any host is touched: a ConfigError naming
     every refused rule; the warnings returned (for the run's log and report)."""
     if profile.engine not in ENGINES:

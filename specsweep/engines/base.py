@@ -21,12 +21,12 @@ import json
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from specsweep.errors import ConfigError
-from specsweep.profiles import ServerProfile
+from specsweep.profiles import ProfileParams, ServerProfile
 from specsweep.records import RequestRecord
 
 
@@ -230,8 +230,11 @@ def _flag_groups(args: Sequence[str]) -> list[list[str]]:
     return groups
 
 
-def with_setting(profile: ServerProfile, setting: PerBatchSetting, file_path: str | None = None,
-                 suffix: str = AS_RECOMMENDED) -> ServerProfile:
+P = TypeVar("P", bound=ProfileParams)
+
+
+def with_setting(profile: P, setting: PerBatchSetting, file_path: str | None = None,
+                 suffix: str = AS_RECOMMENDED) -> P:
     """The speculative ``profile`` started with the recommendation: each of the setting's flags replaces the
     profile's own (or is added), the setting's file named by ``file_path`` (where the file was written on the
     host). A setting without flags is an engine without a per-batch switch: ConfigError."""

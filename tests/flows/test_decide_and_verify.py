@@ -206,3 +206,20 @@ async def test_verify_is_refused_before_anything_runs_where_the_engine_has_no_pe
         await compare_speculation(base, spec, benchmark=settings(tmp_path / "results", [1]),
                                   decision=IN_TURN.model_copy(update={"verify": True}))
     assert not (tmp_path / "results").exists()
+
+
+async def test_a_refused_controller_arm_stops_the_comparison_before_any_host_is_touched(tmp_path: Path) -> None:
+    # vLLM's per-batch table as the engine's controller under data parallelism: vLLM drops it silently, so that
+    # arm would measure a fixed K while claiming the table. Refused before the (unreachable) host is resolved.
+    from specsweep.engines.vllm import baseline as vllm_baseline
+    from specsweep.engines.vllm import speculative as vllm_speculative
+    from specsweep.hosts import HostConfig
+
+    host = HostConfig.model_validate({"kind": "ssh", "ssh": {"hostname": "host.invalid", "user": "u"}})
+    spec = vllm_speculative("/m", "eagle3", draft_model="/d", k=3, extra_args=["--data-parallel-size", "2"])
+    results = tmp_path / "results"
+    with pytest.raises(ConfigError, match=r"decision.controller_config \(vllm-eagle3-own-controller\) is refused: "
+                                          r"\[per-batch-table-under-dp\]"):
+        await compare_speculation(vllm_baseline("/m"), spec, host, settings(results, [1]), DecisionConfig(
+            verify=True, controller_config={"num_speculative_tokens_per_batch_size": [[1, 8, 3], [9, 4096, 0]]}))
+    assert not results.exists()

@@ -175,3 +175,21 @@ def test_a_level_stored_before_the_controller_columns_still_reads(tmp_path: Path
     assert "controller_tier_mean" not in pq.read_schema(path).names
     (back,) = store.level_rows("old")
     assert back.controller_tier_mean is None and back.controller_tiers is None and back.output_tokens_per_s == 100.0
+
+
+def test_the_controller_arm_is_checked_by_the_engines_launch_rules_before_anything_runs() -> None:
+    # A per-batch table as the controller under data parallelism: vLLM would drop it silently, so the arm would
+    # measure a fixed K while claiming the table. Refused, naming the rule and the field.
+    spec = vllm_speculative("/m", "eagle3", draft_model="/d", k=3, extra_args=["--data-parallel-size", "2"])
+    table = DecisionConfig(verify=True, controller_config={
+        "num_speculative_tokens_per_batch_size": [[1, 8, 3], [9, 4096, 0]]})
+    with pytest.raises(ConfigError, match=r"decision.controller_config \(vllm-eagle3-own-controller\) is refused: "
+                                          r"\[per-batch-table-under-dp\]"):
+        engines.check_controller(spec, table)
+    # A table whose effective K never changes is warned about (it pays the table's graph cost for a fixed K).
+    (finding,) = engines.check_controller(vllm_speculative("/m", "eagle3", draft_model="/d", k=3), DecisionConfig(
+        verify=True, controller_config={"num_speculative_tokens_per_batch_size": [[1, 4096, 3]]}))
+    assert finding.rule == "constant-table" and not finding.refused
+    assert engines.check_controller(eagle3("/m", "/d"), DecisionConfig(verify=True)) == []
+    assert engines.check_controller(spec, DecisionConfig(verify=True, verify_controller=False)) == []
+
