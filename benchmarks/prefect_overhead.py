@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/prefect_overhead.py
 
-Runs compare-sglang-eagle3 against the simulator (tiny-fast profile; a few seconds of
+Runs compare-engine with SGLang's settings against the simulator (tiny-fast profile; a few seconds of
 work per stage), then reads the flow run and its task runs back from Prefect's API.
 Without a configured server Prefect starts a temporary one (its start-up is not counted).
 """
@@ -21,7 +21,8 @@ sys.path.insert(0, str(ROOT))
 from prefect.client.orchestration import get_client  # noqa: E402
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId  # noqa: E402
 
-from flows.compare_speculation import compare_sglang_eagle3  # noqa: E402
+from flows.compare_speculation import compare_engine  # noqa: E402
+from specsweep.analysis.decision import DecisionConfig  # noqa: E402
 from specsweep.bench.config import SweepConfig, WorkloadConfig  # noqa: E402
 from specsweep.engines.sglang import SGLangSettings  # noqa: E402
 from specsweep.parameters import BenchmarkSettings  # noqa: E402
@@ -34,7 +35,7 @@ async def main() -> None:
     t0 = time.monotonic()
     benchmark = BenchmarkSettings(workload=WorkloadConfig(input_len=16, output_len=64), results=results,
                                   sweep=SweepConfig(concurrency=[1, 4, 16], num_requests=24, repeats=2))
-    state = await compare_sglang_eagle3(sglang=settings, benchmark=benchmark, return_state=True)
+    state = await compare_engine(settings=settings, benchmark=benchmark, decision=DecisionConfig(), return_state=True)
     wall = time.monotonic() - t0
     flow_run_id = state.state_details.flow_run_id
     assert flow_run_id is not None

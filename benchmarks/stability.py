@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/stability.py [--runs 3] [--design alternate|sequential]
 
-Each run is a separate flow run of compare-local-llamacpp with the main job's defaults: a real
+Each run is a separate flow run of compare-engine (the local llama.cpp) with the main job's defaults: a real
 llama.cpp server on this CPU, baseline against draft speculation, one after the other on this
 machine. Prints each run's answer (status, speculation off from, per-level verdicts with their
 blocks), its time, and whether the answers agree. Nothing else should run on the machine meanwhile.
@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from flows.compare_speculation import compare_local_llamacpp  # noqa: E402
+from flows.compare_speculation import compare_engine  # noqa: E402
 from specsweep.parameters import LOCAL_BENCHMARK, LOCAL_DECISION  # noqa: E402
 
 
@@ -36,7 +36,7 @@ async def main() -> None:
     answers = []
     for i in range(args.runs):
         t0 = time.monotonic()
-        result = await compare_local_llamacpp(benchmark=benchmark, decision=decision)
+        result = await compare_engine(benchmark=benchmark, decision=decision)
         rec = result.comparison.recommendation
         verdicts = ", ".join(f"{lv.concurrency}: {lv.verdict} ×{lv.ratio:.2f} ({lv.blocks[0]}+{lv.blocks[1]} blocks)"
                              for lv in result.comparison.levels)

@@ -7,7 +7,7 @@
 # validates runs from the real annotation objects of a flow's signature.
 from specsweep.hosts import HostConfig
 from specsweep.parameters import BenchmarkSettings
-from specsweep.profiles import ProfileParams, ServerProfile
+from specsweep.profiles import ProfileParams
 from specsweep.sweep import repeats, run_levels
 from tasks.arms import ServerArm, record_environment
 from tasks.benchmark import run_concurrency_benchmark, warm_up
@@ -18,7 +18,7 @@ from tasks.run import ConfigurationResult, prepare_run
 from tasks.server import kill_server, start_server, wait_for_health
 
 
-@benchmark_flow("benchmark-config", servers=lambda p: [ServerProfile.model_validate(p["profile"])])
+@benchmark_flow("benchmark-config")
 async def benchmark_config(profile: ProfileParams, host: HostConfig = HostConfig(),
                            benchmark: BenchmarkSettings = BenchmarkSettings()) -> ConfigurationResult:
     """Kill leftovers, start the server, wait until healthy, measure every level, kill the server."""

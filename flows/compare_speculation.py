@@ -1,10 +1,10 @@
 """The comparison flows: a baseline and a speculative configuration on the same host, then where
 speculation stops paying.
 
-    compare-speculation      any two server profiles
-    compare-sglang-eagle3    SGLang baseline vs EAGLE-3 from a few fields (simulate: rehearse)
-    compare-vllm             vLLM baseline vs its speculation (EAGLE-3, draft model, n-gram) from a few fields
-    compare-local-llamacpp   llama.cpp on this machine's CPU (the main job)
+    compare-speculation   any two server profiles
+    compare-engine        an engine's baseline vs its speculation, from its settings (a few fields, keyed on
+                          ``engine``); with no parameters, llama.cpp on this machine's CPU (the main job).
+                          deployments/prefect.yaml presets it per engine (local, sglang, vllm)
 
 Each level is measured in blocks until it is settled (one fixed policy within the margin there, worst case)
 or its budget is spent, in the design the decision settings name (``specsweep.designs``); with
@@ -15,7 +15,7 @@ whatever finished (a finished baseline, finished levels).
 
 # No "from __future__ import annotations" here: Prefect builds the parameter schema and
 # validates runs from the real annotation objects of a flow's signature.
-from typing import Any
+import asyncio
 
 from prefect import get_run_logger
 from pydantic import BaseModel
@@ -23,18 +23,21 @@ from pydantic import BaseModel
 from specsweep import designs, engines
 from specsweep.analysis.compare import Comparison
 from specsweep.analysis.decision import DecisionConfig
-from specsweep.engines.llamacpp import LlamaCppSettings
-from specsweep.engines.sglang import SGLangSettings
-from specsweep.engines.vllm import VLLMSettings
+from specsweep.analysis.plan import plan
+from specsweep.engines import EngineSettingsParam
+from specsweep.errors import ConfigError
 from specsweep.hosts import HostConfig
-from specsweep.parameters import GPU_BENCHMARK, LOCAL_BENCHMARK, LOCAL_DECISION, BenchmarkSettings
-from specsweep.profiles import ProfileParams, ServerProfile
+from specsweep.parameters import LOCAL_BENCHMARK, LOCAL_DECISION, BenchmarkSettings
+from specsweep.profiles import ProfileParams
 from tasks.arms import ServerArm
 from tasks.cleanup import benchmark_flow
 from tasks.host import hold_host
 from tasks.results import compare_configurations, publish_configuration, publish_temperatures
 from tasks.run import ConfigurationResult, prepare_run
 from tasks.verify import verify_recommendation
+
+#: The share of the time budget a search may spend when the verify stage follows it (which gets the rest).
+SEARCH_SHARE = 0.65
 
 
 class ComparisonResult(BaseModel):
@@ -45,8 +48,7 @@ class ComparisonResult(BaseModel):
     by_temperature: dict[str, Comparison] = {}  # benchmark.request.temperatures: the answer at each
 
 
-@benchmark_flow("compare-speculation", servers=lambda p: [ServerProfile.model_validate(p[k])
-                                                          for k in ("baseline", "speculative")])
+@benchmark_flow("compare-speculation")
 async def compare_speculation(baseline: ProfileParams, speculative: ProfileParams, host: HostConfig = HostConfig(),
                               benchmark: BenchmarkSettings = BenchmarkSettings(),
                               decision: DecisionConfig = DecisionConfig()) -> ComparisonResult:
@@ -68,16 +70,27 @@ async def compare_speculation(baseline: ProfileParams, speculative: ProfileParam
         # The engine's own controller's arm, refused here where it cannot run or its launch breaks a rule.
         for finding in engines.check_controller(speculative, decision):
             logger.warning("verify: the engine's own controller: %s", finding)
+    if benchmark.sweep.search is not None and decision.design != "alternate":
+        raise ConfigError("benchmark.sweep.search chooses levels a round at a time: set decision.design to alternate "
+                          "(the blocks of both configurations in turn)")
+    budget = designs.Budget(decision.budget_minutes)
     run = await prepare_run([baseline, speculative], host, benchmark, decision)
     sweep = benchmark.sweep
     async with hold_host(run.host, host.block) as h:  # one benchmark per host at a time
         base = await run.configuration(run.servers[0], h.label)
         spec = await run.configuration(run.servers[1], h.label)
+        planned = await asyncio.to_thread(
+            plan, run.store, [base.name, spec.name], [c.profile.masked_command() for c in (base, spec)], sweep,
+            decision, exclude=[base.job.run_id, spec.job.run_id],
+            restart=decision.design == "alternate" and decision.alternate_by == "restart")
+        logger.info("plan: %s", planned.words())
         base_rows, spec_rows = await designs.compare(ServerArm(run, h, base), ServerArm(run, h, spec), run.levels,
                                                      decision, sweep.num_requests,
-                                                     stop_at_saturation=sweep.stop_at_saturation)
+                                                     stop_at_saturation=sweep.stop_at_saturation, span=sweep.search,
+                                                     budget=budget.part(SEARCH_SHARE if decision.verify else 1.0),
+                                                     on_step=lambda s: logger.info("search: %s", s.why))
         comparison = await compare_configurations(base.job.run_id, spec.job.run_id, run.store, decision)
-        if decision.verify and await verify_recommendation(run, h, base, spec, comparison, decision):
+        if decision.verify and await verify_recommendation(run, h, base, spec, comparison, decision, budget):
             comparison = await compare_configurations(base.job.run_id, spec.job.run_id, run.store, decision)
     await publish_configuration(base.job, h.label, base_rows)
     await publish_configuration(spec.job, h.label, spec_rows)
@@ -102,42 +115,11 @@ async def _at_each_temperature(baseline: ProfileParams, speculative: ProfilePara
     return first.model_copy(update={"by_temperature": {t: r.comparison for t, r in results.items()}})
 
 
-def _sglang_servers(params: dict[str, Any]) -> list[ServerProfile]:
-    s = SGLangSettings.model_validate(params.get("sglang") or {})
-    return [s.profile("baseline"), s.profile("speculative")]
-
-
-@benchmark_flow("compare-sglang-eagle3", servers=_sglang_servers)
-async def compare_sglang_eagle3(sglang: SGLangSettings = SGLangSettings(), host: HostConfig = HostConfig(),
-                                benchmark: BenchmarkSettings = GPU_BENCHMARK,
-                                decision: DecisionConfig = DecisionConfig()) -> ComparisonResult:
-    """SGLang baseline vs EAGLE-3 from a few fields (model paths, TP, port); simulate=true rehearses it."""
-    return await compare_speculation.fn(sglang.profile("baseline"), sglang.profile("speculative"), host, benchmark,
+@benchmark_flow("compare-engine")
+async def compare_engine(settings: EngineSettingsParam = engines.local_settings(), host: HostConfig = HostConfig(),
+                         benchmark: BenchmarkSettings = LOCAL_BENCHMARK,
+                         decision: DecisionConfig = LOCAL_DECISION) -> ComparisonResult:
+    """An engine's baseline vs its speculation from a few fields (settings.engine names the engine: its form); by
+    default llama.cpp on this machine's CPU with tiny generated models, its servers side by side."""
+    return await compare_speculation.fn(settings.profile("baseline"), settings.profile("speculative"), host, benchmark,
                                         decision)
-
-
-def _vllm_servers(params: dict[str, Any]) -> list[ServerProfile]:
-    s = VLLMSettings.model_validate(params["vllm"])
-    return [s.profile("baseline"), s.profile("speculative")]
-
-
-@benchmark_flow("compare-vllm", servers=_vllm_servers)
-async def compare_vllm(vllm: VLLMSettings, host: HostConfig = HostConfig(),
-                       benchmark: BenchmarkSettings = BenchmarkSettings(),
-                       decision: DecisionConfig = DecisionConfig()) -> ComparisonResult:
-    """vLLM baseline vs its speculation (method, draft model, K) from a few fields."""
-    return await compare_speculation.fn(vllm.profile("baseline"), vllm.profile("speculative"), host, benchmark, decision)
-
-
-def _local_servers(params: dict[str, Any]) -> list[ServerProfile]:
-    s = LlamaCppSettings.model_validate(params.get("llamacpp") or {})
-    return [s.profile("baseline"), s.profile("speculative")]
-
-
-@benchmark_flow("compare-local-llamacpp", servers=_local_servers)
-async def compare_local_llamacpp(llamacpp: LlamaCppSettings = LlamaCppSettings(),
-                                 benchmark: BenchmarkSettings = LOCAL_BENCHMARK,
-                                 decision: DecisionConfig = LOCAL_DECISION) -> ComparisonResult:
-    """llama.cpp on this machine's CPU: baseline vs draft speculation, with tiny generated models."""
-    return await compare_speculation.fn(llamacpp.profile("baseline"), llamacpp.profile("speculative"), HostConfig(),
-                                        benchmark, decision)

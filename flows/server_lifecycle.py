@@ -9,7 +9,7 @@ there), and the server is killed however the flow ends: its own final kill, or t
 # validates runs from the real annotation objects of a flow's signature.
 from specsweep.hosts import HostConfig
 from specsweep.parameters import BenchmarkSettings, LifecycleConfig
-from specsweep.profiles import ProfileParams, ServerProfile
+from specsweep.profiles import ProfileParams
 from specsweep.server.health import HealthReport
 from tasks.cleanup import benchmark_flow
 from tasks.host import hold_host
@@ -17,7 +17,7 @@ from tasks.run import prepare_run
 from tasks.server import kill_server, start_server, wait_for_health
 
 
-@benchmark_flow("server-lifecycle", servers=lambda p: [ServerProfile.model_validate(p["profile"])])
+@benchmark_flow("server-lifecycle")
 async def server_lifecycle(profile: ProfileParams, host: HostConfig = HostConfig(),
                            stages: LifecycleConfig = LifecycleConfig()) -> HealthReport:
     """Start the server, report how long it took to be ready, and kill it."""

@@ -11,17 +11,13 @@ points) and measures only the rest.
 
 # No "from __future__ import annotations" here: Prefect builds the parameter schema and
 # validates runs from the real annotation objects of a flow's signature.
-from typing import Any
-
 from prefect import get_run_logger
 from pydantic import BaseModel, Field
 
 from specsweep import designs, engines
 from specsweep.analysis.decision import DecisionConfig
 from specsweep.analysis.tuning import GridPoint, Tuning, grid_points, point_settings
-from specsweep.engines.llamacpp import LlamaCppSettings
-from specsweep.engines.sglang import SGLangSettings
-from specsweep.engines.vllm import VLLMSettings
+from specsweep.engines import EngineSettings, EngineSettingsParam
 from specsweep.errors import ConfigError
 from specsweep.hosts import HostConfig
 from specsweep.parameters import BenchmarkSettings
@@ -33,7 +29,6 @@ from tasks.results import publish_configuration, publish_tuning
 from tasks.run import ConfigurationResult, prepare_run
 
 GridParam = dict[str, list[int | float]]
-EngineSettings = LlamaCppSettings | VLLMSettings | SGLangSettings
 
 
 class TuneResult(BaseModel):
@@ -43,49 +38,31 @@ class TuneResult(BaseModel):
     results: str
 
 
-def tuning_target(params: dict[str, Any]) -> EngineSettings:
-    """The engine settings: exactly one of llamacpp, vllm, sglang (none: the local llama.cpp)."""
-    given = [name for name in engines.ENGINES if params.get(name) is not None]
-    if len(given) > 1:
-        raise ConfigError(f"give the settings of one engine, not {' and '.join(given)}: a grid tunes one server")
-    if not given:
-        return LlamaCppSettings()
-    kind = engines.get(given[0]).settings
-    value = params[given[0]]
-    settings = value if isinstance(value, kind) else kind.model_validate(value)
-    assert isinstance(settings, EngineSettings)
-    return settings
-
-
-def grid_profiles(params: dict[str, Any]) -> tuple[str, ServerProfile, list[tuple[GridPoint, ServerProfile]]]:
-    """The engine's name, the baseline's profile and each grid point's, from the flow's parameters."""
-    settings = tuning_target(params)
+def grid_profiles(settings: EngineSettings, grid: GridParam | None) -> tuple[
+        str, ServerProfile, list[tuple[GridPoint, ServerProfile]]]:
+    """The engine's name, the baseline's profile and each grid point's (named after the speculative profile and
+    the point's label)."""
     out = []
-    for point in grid_points(settings, params.get("grid")):
+    for point in grid_points(settings, grid):
         profile = point_settings(settings, point.values, point.label).profile("speculative")
         out.append((point, profile.model_copy(update={"name": f"{profile.name}-{point.label}"})))
     return engines.of_settings(settings).name, settings.profile("baseline"), out
 
 
-def _servers(params: dict[str, Any]) -> list[ServerProfile]:
-    _, base, points = grid_profiles(params)
-    return [base, *(p for _, p in points)]
-
-
-@benchmark_flow("tune-speculation", servers=_servers)
-async def tune_speculation(llamacpp: LlamaCppSettings | None = None, vllm: VLLMSettings | None = None,
-                           sglang: SGLangSettings | None = None, grid: GridParam | None = None,
+@benchmark_flow("tune-speculation")
+async def tune_speculation(settings: EngineSettingsParam = engines.local_settings(), grid: GridParam | None = None,
                            host: HostConfig = HostConfig(), benchmark: BenchmarkSettings = BenchmarkSettings(),
                            decision: DecisionConfig = DecisionConfig()) -> TuneResult:
     """Sweep a grid of speculative settings x concurrency levels (the server restarted per setting) and give the
     best setting per concurrency range, in the engine's own per-batch form. grid: the engine's speculation
     fields with the values to try, e.g. {"num_speculative_tokens": [1, 3, 5]} (vLLM), {"num_steps": [1, 3, 5]}
-    (SGLang), {"draft_max": [2, 4, 8]} (llama.cpp). One engine's settings; none: the local llama.cpp."""
+    (SGLang), {"draft_max": [2, 4, 8]} (llama.cpp). settings: the engine's (keyed on engine); by default the local
+    llama.cpp's."""
     logger = get_run_logger()
     if benchmark.request.temperatures:
         raise ConfigError("benchmark.request.temperatures is for comparisons (one at each temperature): a grid runs "
                           "at benchmark.request.temperature; run it once per temperature")
-    engine, base, points = grid_profiles({"llamacpp": llamacpp, "vllm": vllm, "sglang": sglang, "grid": grid})
+    engine, base, points = grid_profiles(settings, grid)
     if decision.design != "sequential":
         logger.warning("decision.design %s is not used here: a grid measures the baseline, then each setting in "
                        "turn (the sequential design)", decision.design)

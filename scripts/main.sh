@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job on this machine: compare-speculation against the local llama.cpp target
+# The main job on this machine: compare-engine against the local llama.cpp target
 # (baseline vs draft speculation, tiny generated models). Installs what it needs first.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -21,7 +21,7 @@ if ! curl -fs "${PREFECT_API_URL}/health" >/dev/null 2>&1; then
   for _ in $(seq 1 120); do curl -fs "${PREFECT_API_URL}/health" >/dev/null 2>&1 && break; sleep 0.5; done
 fi
 .venv/bin/prefect block register -m tasks.blocks
-.venv/bin/prefect work-pool create specsweep --type process 2>/dev/null || true
+.venv/bin/prefect work-pool create specsweep --type process --base-job-template deployments/work-pool.json 2>/dev/null || true
 .venv/bin/prefect --no-prompt deploy --all --prefect-file deployments/prefect.yaml
 if ! pgrep -f "prefect worker start --pool specsweep" >/dev/null; then
   echo "starting a worker for the 'specsweep' pool (log: data/prefect-worker.log)"
@@ -31,5 +31,5 @@ cat <<MSG
 
 The Prefect UI is at http://127.0.0.1:${PORT}
   export PREFECT_API_URL=${PREFECT_API_URL}
-  .venv/bin/prefect deployment run 'compare-local-llamacpp/local' --watch
+  .venv/bin/prefect deployment run 'compare-engine/local' --watch
 MSG

@@ -9,6 +9,8 @@
                                         servers up side by side, or one at a time restarted per block
     in_turn(arms, points, more, ...)    the same for any number of arms (the verify stage: always off,
                                         always on and the recommended setting)
+    search(base, spec, span, ...)       the same, a round at a time at the level a search names next
+                                        (``specsweep.analysis.search``), within a time budget
 
 An ``Arm`` is what a design needs of a configuration: whether an earlier try of the run already
 finished it, its run row's recording, and its server's pipeline (``serve``: kill leftovers →
@@ -18,11 +20,16 @@ flows build arms from their Prefect tasks; the designs know nothing of Prefect.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AbstractAsyncContextManager, AbstractContextManager, AsyncExitStack, ExitStack
+import statistics
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, AsyncExitStack, ExitStack, asynccontextmanager
 from typing import Protocol
 
+from specsweep.analysis.compare import compare_levels
 from specsweep.analysis.decision import DecisionConfig, baseline_needs_more, pair_needs_more, speculative_needs_more
+from specsweep.analysis.search import Step, max_levels, next_step
+from specsweep.bench.config import SearchRange
 from specsweep.records import Block, BlockRow
 from specsweep.sweep.job import Level
 from specsweep.sweep.levels import (
@@ -113,6 +120,15 @@ async def in_turn(arms: Sequence[Arm], points: Sequence[Level], more: Callable[[
     done = [arm.finished() for arm in arms]
     if all(d is not None for d in done):
         return [d or [] for d in done]
+    async with taking_turns(arms, restart=restart, stop_at_saturation=stop_at_saturation) as turn:
+        return await run_in_turn(list(points), turn=turn, more=more)
+
+
+@asynccontextmanager
+async def taking_turns(arms: Sequence[Arm], *, restart: bool,
+                       stop_at_saturation: bool = False) -> AsyncIterator[InTurn]:
+    """The arms recorded and served for blocks in turn: every server up side by side for the whole ``async
+    with``, or (``restart``) one at a time, started for each block; their final kills when it ends."""
     with ExitStack() as records:
         for arm in arms:
             records.enter_context(arm.recording())
@@ -128,9 +144,8 @@ async def in_turn(arms: Sequence[Arm], points: Sequence[Level], more: Callable[[
             async def on_block(row: BlockRow, done: int, total: int) -> None:
                 await by_name[row.config_name].on_block(row, done, total)
 
-            return await run_in_turn(list(points), measures, more=more, stop_at_saturation=stop_at_saturation,
-                                     checks=checks, on_block=on_block, on_saturation=arms[0].on_saturation,
-                                     set_asides=[arm.set_aside for arm in arms])
+            yield InTurn(measures, checks=checks, on_block=on_block, set_asides=[arm.set_aside for arm in arms],
+                         sweeper=Sweeper(stop_at_saturation, arms[0].on_saturation))
 
 
 async def alternate(base: Arm, spec: Arm, points: Sequence[Level], decision: DecisionConfig, num_requests: int, *,
@@ -158,8 +173,13 @@ def _restarted(arm: Arm) -> Callable[[Block], Awaitable[BlockRow]]:
 
 
 async def compare(base: Arm, spec: Arm, points: Sequence[Level], decision: DecisionConfig, num_requests: int, *,
-                  stop_at_saturation: bool = False) -> tuple[list[BlockRow], list[BlockRow]]:
-    """A comparison's blocks, in the design its decision settings name."""
+                  stop_at_saturation: bool = False, span: SearchRange | None = None, budget: Budget | None = None,
+                  on_step: Callable[[Step], None] | None = None) -> tuple[list[BlockRow], list[BlockRow]]:
+    """A comparison's blocks, in the design its decision settings name; with ``span``, the levels found by search
+    (within ``budget``)."""
+    if span is not None:
+        return await search(base, spec, span, decision, num_requests, restart=decision.alternate_by == "restart",
+                            budget=budget, on_step=on_step)
     if decision.design == "sequential":
         base_rows, spec_rows = await sequential([base, spec], points, decision, num_requests,
                                                 stop_at_saturation=stop_at_saturation)
@@ -178,9 +198,69 @@ def rotation(arms: int, repeat: int) -> list[int]:
         return [0, 1] if repeat % 2 == 0 else [1, 0]
     return [(repeat + i) % arms for i in range(arms)]
 
+
+class InTurn:
+    """Blocks of several arms taken in turn (``rotation``), a round at a time: each round at a level numbered on
+    from the last (its blocks' repeat), a round with a disturbed block (failed requests, the client's lag: never
+    its throughput or ratio) set aside whole, the others marked as measured beside it. The rows of every level
+    are kept here: ``clean[level index][arm]`` (the rounds that count) and ``out[arm]`` (every block)."""
+
+    def __init__(self, measures: Sequence[Measure], *, checks: Sequence[ServerCheck | None] | None = None,
+                 on_block: OnLevel | None = None, set_asides: Sequence[SetAside | None] | None = None,
+                 sweeper: Sweeper | None = None) -> None:
+        self.k = len(measures)
+        self.measures = list(measures)
+        self.checks = list(checks) if checks is not None else [None] * self.k
+        self.set_asides = list(set_asides) if set_asides is not None else [None] * self.k
+        self.on_block = on_block
+        self.sweeper = sweeper or Sweeper(False, None)
+        self.out: list[list[BlockRow]] = [[] for _ in range(self.k)]
+        self.clean: dict[int, list[list[BlockRow]]] = {}
+        self.level_rows: dict[int, list[list[BlockRow]]] = {}
+        self.rounds: dict[int, int] = {}
+        self.aside: dict[int, int] = {}
+
+    def counted(self, point: Level) -> list[list[BlockRow]]:
+        """The rounds that count at ``point``, per arm."""
+        return self.clean.setdefault(point.index, [[] for _ in range(self.k)])
+
+    async def round(self, point: Level, done: int = 0, total: int = 0) -> bool:
+        """One round at ``point``; whether it counts (False: set aside whole, as often as MAX_SET_ASIDE allows
+        before ``exhausted``)."""
+        clean = self.counted(point)
+        level_rows = self.level_rows.setdefault(point.index, [[] for _ in range(self.k)])
+        level = point.block(self.rounds.get(point.index, 0))
+        self.rounds[point.index] = level.repeat + 1
+        got: dict[int, BlockRow] = {}
+        for arm in rotation(self.k, level.repeat):
+            row = await self.sweeper.block(self.measures[arm], level, self.checks[arm])
+            got[arm] = await self.sweeper.judged(row, level_rows[arm], clean[arm], self.set_asides[arm])
+            level_rows[arm].append(got[arm])
+            if self.on_block is not None:
+                await self.on_block(got[arm], done, total)
+        if any(r.disturbed is not None for r in got.values()):
+            for arm, row in got.items():
+                if row.disturbed is None:
+                    got[arm] = row.model_copy(update={"disturbed": PAIRED_WITH_DISTURBED})
+                    if (store_it := self.set_asides[arm]) is not None:
+                        await store_it(got[arm])
+            for arm in range(self.k):
+                self.out[arm].append(got[arm])
+            self.aside[point.index] = self.aside.get(point.index, 0) + 1
+            return False
+        for arm in range(self.k):
+            self.out[arm].append(got[arm])
+            clean[arm].append(got[arm])
+        return True
+
+    def exhausted(self, point: Level) -> bool:
+        """Rounds were set aside at ``point`` more often than MAX_SET_ASIDE: it keeps what it has."""
+        return self.aside.get(point.index, 0) > MAX_SET_ASIDE
+
+
 async def run_in_turn(
     sweep: list[Level],
-    measures: Sequence[Measure],
+    measures: Sequence[Measure] = (),
     *,
     more: Callable[[list[list[BlockRow]]], bool],
     stop_at_saturation: bool = False,
@@ -188,49 +268,98 @@ async def run_in_turn(
     on_block: OnLevel | None = None,
     on_saturation: Callable[[], None] | None = None,
     set_asides: Sequence[SetAside | None] | None = None,
+    turn: InTurn | None = None,
 ) -> list[list[BlockRow]]:
-    """The alternate design: at each level, a block of each configuration in turn (``rotation``), round after
-    round until ``more(rows per configuration)`` says the level is settled. A round with a disturbed block
-    (failed requests, the client's lag: never its throughput or ratio) is set aside whole (the others marked
-    as measured beside it) and measured again, at most MAX_SET_ASIDE
-    times per level. The first configuration's blocks decide the stop at saturation. Returns every block's
-    row of each configuration."""
-    k = len(measures)
-    checks = list(checks) if checks is not None else [None] * k
-    set_asides = list(set_asides) if set_asides is not None else [None] * k
-    state = Sweeper(stop_at_saturation, on_saturation)
-    out: list[list[BlockRow]] = [[] for _ in range(k)]
+    """The alternate design: at each level, rounds of a block of each configuration in turn (``InTurn``; one is
+    made of ``measures`` and the rest unless ``turn`` is given) until ``more(rows per configuration)`` says the
+    level is settled, a set-aside round measured again at most MAX_SET_ASIDE times per level. The first
+    configuration's blocks decide the stop at saturation. Returns every block's row of each configuration."""
+    if turn is None:
+        turn = InTurn(measures, checks=checks, on_block=on_block, set_asides=set_asides,
+                      sweeper=Sweeper(stop_at_saturation, on_saturation))
     for n, point in enumerate(sweep, 1):
-        clean: list[list[BlockRow]] = [[] for _ in range(k)]
-        level_rows: list[list[BlockRow]] = [[] for _ in range(k)]
-        rounds = aside = 0
         while True:
-            level = point.block(rounds)
-            rounds += 1
-            got: dict[int, BlockRow] = {}
-            for arm in rotation(k, level.repeat):
-                row = await state.block(measures[arm], level, checks[arm])
-                got[arm] = await state.judged(row, level_rows[arm], clean[arm], set_asides[arm])
-                level_rows[arm].append(got[arm])
-                if on_block is not None:
-                    await on_block(got[arm], n, len(sweep))
-            if any(r.disturbed is not None for r in got.values()):
-                for arm, row in got.items():
-                    if row.disturbed is None:
-                        got[arm] = row.model_copy(update={"disturbed": PAIRED_WITH_DISTURBED})
-                        if (store_it := set_asides[arm]) is not None:
-                            await store_it(got[arm])
-                for arm in range(k):
-                    out[arm].append(got[arm])
-                aside += 1
-                if aside > MAX_SET_ASIDE:
+            if not await turn.round(point, n, len(sweep)):
+                if turn.exhausted(point):
                     break
                 continue
-            for arm in range(k):
-                out[arm].append(got[arm])
-                clean[arm].append(got[arm])
-            if not more(clean):
+            if not more(turn.counted(point)):
                 break
-        if state.saturated_after(clean[0] or [r for r in out[0] if r.level_index == point.index]):
+        clean = turn.counted(point)[0]
+        if turn.sweeper.saturated_after(clean or [r for r in turn.out[0] if r.level_index == point.index]):
             break
-    return out
+    return turn.out
+
+
+# -- search ---------------------------------------------------------------------------------------
+
+
+class Budget:
+    """A run's time budget, from its start: what is left, and whether a step of a known cost still fits (one
+    block over at most: a round of two blocks starts while half of it fits)."""
+
+    def __init__(self, minutes: float | None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.seconds = None if minutes is None else minutes * 60.0
+        self.clock = clock
+        self.started = clock()
+
+    def spent_s(self) -> float:
+        return self.clock() - self.started
+
+    def part(self, share: float) -> Budget:
+        """The first ``share`` of this budget, from the same start (a stage that must leave time to the next)."""
+        part = Budget(None, self.clock)
+        part.started = self.started
+        part.seconds = None if self.seconds is None else self.seconds * share
+        return part
+
+    def fits(self, cost_s: float, blocks: int = 2) -> bool:
+        if self.seconds is None:
+            return True
+        return self.spent_s() + cost_s * (blocks - 1) / blocks <= self.seconds
+
+
+async def search(base: Arm, spec: Arm, span: SearchRange, decision: DecisionConfig, num_requests: int, *,
+                 restart: bool, budget: Budget | None = None,
+                 on_step: Callable[[Step], None] | None = None) -> tuple[list[BlockRow], list[BlockRow]]:
+    """The crossover found by search (``specsweep.analysis.search``): baseline and speculative blocks in turn
+    (ABBA), a round at a time at the level the search names next, from both ends of ``span``, until it stops or
+    the next round would pass ``budget``. Returns each configuration's blocks."""
+    done = [arm.finished() for arm in (base, spec)]
+    if all(d is not None for d in done):
+        return done[0] or [], done[1] or []
+    most = max_levels(span.min, span.max)
+    levels: dict[int, Level] = {}
+    round_s: dict[int, list[float]] = {}
+
+    def level(c: int) -> Level:
+        if c not in levels:
+            levels[c] = Level(len(levels), "concurrency", float(c))
+        return levels[c]
+
+    for c in (span.min, span.max):
+        level(c)
+    async with taking_turns([base, spec], restart=restart) as turn:
+        while True:
+            answered = {c: len(turn.counted(lv)[0]) for c, lv in levels.items() if not turn.exhausted(lv)}
+            comp = None
+            if any(turn.counted(lv)[0] for lv in levels.values()):
+                comp = compare_levels(turn.out[0], turn.out[1], decision=decision, paired=True,
+                                      num_requests=num_requests, answer_levels=most, search=True)
+            step = next_step(comp, answered, decision, num_requests, most)
+            at = step.concurrency
+            if at is not None:
+                costs = round_s.get(at) or [s for xs in round_s.values() for s in xs]
+                cost = statistics.median(costs) if costs else 0.0
+                if budget is not None and not budget.fits(cost):
+                    step = Step("stop", None, f"the time budget: {budget.spent_s() / 60:.1f} of "
+                                f"{(budget.seconds or 0) / 60:.1f} minutes spent, and a round at C={at} takes about "
+                                f"{cost:.0f} s")
+            if on_step is not None:
+                on_step(step)
+            if step.kind == "stop" or at is None:
+                break
+            t0 = time.monotonic()
+            await turn.round(level(at), len(levels), most)
+            round_s.setdefault(at, []).append(time.monotonic() - t0)
+    return turn.out[0], turn.out[1]

@@ -230,9 +230,10 @@ class ServerProfile(ProfileParams):
         return out
 
     def env_names(self) -> dict[str, str]:
-        """Every environment name the profile sets for its server (values of secrets left out): the policy's
+        """Every environment name the profile sets for its server (values of secrets left out), its private
+        temporary folders' too (a name there points a library at a folder as surely as one in env): the policy's
         business."""
-        names = {**self.env, **dict.fromkeys(self.env_secrets, "")}
+        names = {**self.env, **dict.fromkeys(self.env_secrets, ""), **dict.fromkeys(self.private_tmp_env, "")}
         if self.api_key_env:
             names[self.api_key_env] = ""
         return names

@@ -25,6 +25,7 @@ from pydantic import Field, SecretStr
 from specsweep import policy
 from specsweep.errors import ConfigError
 from specsweep.hosts.config import HostConfig, SSHEndpoint, SSHLogin
+from specsweep.hosts.tunnel import forward_target
 from specsweep.profiles import ProfileParams, ServerProfile
 from specsweep.results import ResultsLocation
 from specsweep.results.location import ResultsFields
@@ -109,11 +110,27 @@ def check_allowed(host: HostConfig, profiles: list[ServerProfile]) -> None:
     if host.jump is not None:
         rules.check_host(host.jump.hostname, "host.jump")
     for i, profile in enumerate(profiles):
-        rules.check_launch(profile.argv, profile.env_names(), profile.cwd,
-                           f"profiles[{i}]" if len(profiles) > 1 else "profile")
+        field = f"profiles[{i}]" if len(profiles) > 1 else "profile"
+        rules.check_launch(profile.argv, profile.env_names(), profile.cwd, field)
+        rules.check_target(forward_target(profile.host), f"{field}.host")
+    if host.traffic_mode == "direct" and not (host.ssh is not None and host.address == host.ssh.hostname):
+        rules.check_target(host.address, "host.http_address")
     if host.load_generator == "host":
         rules.check_launch([host.host_python, "-I", "-m", "specsweep.bench.remote"], {}, None, "host",
                            argv_field="host.host_python")
+
+
+def check_trust(host: HostConfig, block: SSHHostBlock | None = None) -> None:
+    """The SSH trust a run's parameters (or an ssh-host block, which anyone with API access can edit) ask for,
+    before anything connects: key and known_hosts files and trusting unknown host keys, as the policy allows."""
+    rules = policy.load()
+    for side in ("ssh", "jump"):
+        if (ep := getattr(host, side)) is not None:
+            rules.check_ssh_trust(key_path=ep.key_path, known_hosts=ep.known_hosts,
+                                  accept_unknown=ep.accept_unknown_host_key, what=f"host.{side}")
+    if block is not None:
+        rules.check_ssh_trust(key_path=None, known_hosts=block.known_hosts_path,
+                              accept_unknown=block.accept_unknown_host_key, what=f"ssh-host block {host.block!r}")
 
 
 def resolve_host(host: HostConfig) -> HostConfig:
@@ -126,8 +143,12 @@ def resolve_host(host: HostConfig) -> HostConfig:
 
 
 async def aresolve_host(host: HostConfig) -> HostConfig:
+    """``resolve_host`` for flows, with the SSH trust it asks for checked against the worker's policy."""
     if host.block:
-        return _ssh_block(await SSHHostBlock.aload(host.block), host.block).host_config(host)
+        block = _ssh_block(await SSHHostBlock.aload(host.block), host.block)
+        check_trust(host, block)
+        return block.host_config(host)
+    check_trust(host)
     return _with_secrets(host, {name: await aresolve_secret(name, field) or "" for name, field in _secret_names(host)})
 
 
@@ -158,18 +179,6 @@ def _load_secret(name: str, field: str) -> object:
         return Secret.load(name)
     except ValueError as exc:
         raise ConfigError(f"{field}: there is no Prefect Secret block named {name!r} ({exc})") from None
-
-
-async def record_host_keys(name: str, lines: list[str]) -> list[str]:
-    """Keep host keys a run trusted (accept_unknown_host_key) in the ssh-host block it named, so that
-    later runs check the host against them (a changed key is then refused). The lines added."""
-    block = _ssh_block(await SSHHostBlock.aload(name), name)
-    known = [ln.strip() for ln in (block.known_hosts or "").splitlines() if ln.strip()]
-    added = [ln for ln in lines if ln not in known]
-    if added:
-        block.known_hosts = "\n".join([*known, *added]) + "\n"
-        await block.asave(name, overwrite=True)
-    return added
 
 
 def _ssh_block(block: object, name: str) -> SSHHostBlock:
@@ -241,6 +250,10 @@ async def aresolve_results(results: str, results_block: str | None) -> ResultsLo
     if not isinstance(block, ResultsBlock):
         raise ConfigError(f"benchmark.results_block {results_block!r} is a {type(block).__name__}, not a "
                           "specsweep-results block")
-    # A block is no more trusted than a parameter (anyone who can reach a Prefect OSS server can write one).
-    policy.load().check_results(block.url, f"benchmark.results_block {results_block!r}")
+    # A block is no more trusted than a parameter (anyone who can reach a Prefect OSS server can write one): its
+    # endpoint is where the worker's keys sign requests and its results go, so it is checked as its URL is.
+    rules = policy.load()
+    rules.check_results(block.url, f"benchmark.results_block {results_block!r}")
+    if block.endpoint_url:
+        rules.check_endpoint(block.endpoint_url, f"benchmark.results_block {results_block!r}.endpoint_url")
     return block.location()

@@ -35,7 +35,6 @@ from prefect.utilities.asyncutils import run_coro_as_sync
 
 from specsweep.errors import HostError
 from specsweep.hosts import Host, HostConfig, open_host
-from tasks.blocks import record_host_keys
 
 LOCK_LEASE_S = 60.0
 #: How often a run waiting for a busy host looks whether its slot is free. Prefect's own wait retries inside a
@@ -168,8 +167,8 @@ def release_recorded_lease(flow_run_id: object) -> bool:
 @asynccontextmanager
 async def hold_host(config: HostConfig, block: str | None = None) -> AsyncIterator[Host]:
     """The host held for this run (its machine's lock, from the first kill to the last) and the run's one
-    connection to it. Host keys it trusted by accept_unknown_host_key are kept in the ssh-host
-    ``block`` it came from, for later runs to check against."""
+    connection to it. Host keys it trusted by accept_unknown_host_key are logged, never written back into the
+    ssh-host ``block`` it came from."""
     logger = get_run_logger()
     host = open_host(config, logger)
     try:
@@ -177,14 +176,12 @@ async def hold_host(config: HostConfig, block: str | None = None) -> AsyncIterat
             yield host
     finally:
         await asyncio.to_thread(host.close)
-        if block and (accepted := host.accepted_host_keys()):
-            try:
-                added = await record_host_keys(block, accepted)
-                if added:
-                    logger.warning("recorded %d host key(s) trusted this run in ssh-host block %s: later runs "
-                                   "check the host against them", len(added), block)
-            except Exception as exc:  # noqa: BLE001 - the run's work is done; say what was not kept
-                logger.error("could not record the trusted host keys in ssh-host block %s: %s", block, exc)
+        if accepted := host.accepted_host_keys():
+            # Not written back into the block: what a run trusted once is not what later runs should (an
+            # administrator adds the lines, having checked them).
+            logger.warning("this run trusted %d unknown host key(s)%s; check them and add them to the known_hosts "
+                           "the host's logins use:\n%s", len(accepted), f" of ssh-host block {block}" if block else "",
+                           "\n".join(accepted))
 
 
 @contextmanager

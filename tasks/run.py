@@ -17,7 +17,7 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.context import FlowRunContext
 from pydantic import BaseModel, SecretStr
 
-from specsweep import engines
+from specsweep import engines, policy
 from specsweep.analysis.decision import DecisionConfig
 from specsweep.bench.config import RequestSpec
 from specsweep.bench.workload import check_source
@@ -130,7 +130,8 @@ async def progress_bar(name: str) -> Callable[[BlockRow, int, int], Awaitable[No
 async def prepare_run(profiles: Sequence[ProfileParams], host: HostConfig, benchmark: BenchmarkSettings,
                       decision: DecisionConfig | None = None) -> Run:
     """Everything a run needs before it touches a host: secrets read, the host resolved and its allow-list
-    checked, results writable, prompts readable. Anything missing is refused here, naming the field."""
+    checked, results writable, prompts readable (inside the policy's ``read`` folders, of a bounded size).
+    Anything missing is refused here, naming the field."""
     request = RequestSpec.model_validate(benchmark.request.model_dump())
     key = await aresolve_secret(benchmark.request.api_key_secret, "benchmark.request.api_key_secret")
     if key:
@@ -145,8 +146,14 @@ async def prepare_run(profiles: Sequence[ProfileParams], host: HostConfig, bench
     resolved = await aresolve_host(host)
     check_allowed(resolved, servers)
     store = ResultsStore(await aresolve_results(benchmark.results, benchmark.results_block))
+    workload = benchmark.workload
+    rules = policy.load()
+    if workload.prompts_file is not None and workload.source in ("file", "sharegpt"):
+        rules.check_read(workload.prompts_file, "benchmark.workload.prompts_file")
+    if workload.tokenizer is not None:
+        rules.check_read(workload.tokenizer, "benchmark.workload.tokenizer", folder=True)
     store.check_writable()
-    check_source(benchmark.workload)
+    check_source(workload)
     return Run(benchmark, request, store, resolved, host.block, servers, decision)
 
 

@@ -30,7 +30,9 @@ from specsweep.engines.base import AS_RECOMMENDED, OWN_CONTROLLER, PerBatchSetti
 from specsweep.errors import ConfigError
 from specsweep.hosts import Host
 from specsweep.profiles import ServerProfile
+from specsweep.records import BlockRow
 from specsweep.route import MODULE as ROUTER
+from specsweep.sweep import Level
 from tasks.arms import ServerArm
 from tasks.blocks import check_allowed
 from tasks.run import Configuration, Run
@@ -78,7 +80,7 @@ def setting_profile(spec: ServerProfile, setting: PerBatchSetting, host: Host, r
 
 
 async def verify_recommendation(run: Run, host: Host, base: Configuration, spec: Configuration, comparison: Comparison,
-                                decision: DecisionConfig) -> bool:
+                                decision: DecisionConfig, budget: designs.Budget | None = None) -> bool:
     """Measure the recommendation against both fixed policies. False (and a warning saying why) when the
     recommendation is not one an engine can run."""
     logger = get_run_logger()
@@ -119,8 +121,16 @@ async def verify_recommendation(run: Run, host: Host, base: Configuration, spec:
                 ", ".join(str(lv.concurrency) for lv in comparison.levels))
     arms = [ServerArm(run, host, await run.configuration(profile, host.label, verifies=(key, arm)))
             for profile, arm in zip(profiles, names, strict=True)]
-    levels = {lv.concurrency for lv in comparison.levels}
-    points = [p for p in run.levels if p.mode == "concurrency" and int(p.value) in levels]
-    more = verify.needs_more(decision, run.settings.sweep.num_requests, comparison.recommendation.speculation_off_from)
+    # The levels the answer rests on (a search's steering levels are not among them), in their own order.
+    levels = sorted({lv.concurrency for lv in comparison.levels} - set(comparison.steering))
+    points = [Level(i, "concurrency", float(c)) for i, c in enumerate(levels)]
+    settle = verify.needs_more(decision, run.settings.sweep.num_requests, comparison.recommendation.speculation_off_from)
+
+    def more(clean: list[list[BlockRow]]) -> bool:
+        if budget is not None and not budget.fits(0.0):
+            logger.info("verify: the time budget is spent: the check stands as measured")
+            return False
+        return settle(clean)
+
     await designs.in_turn(arms, points, more, restart=restart)
     return True

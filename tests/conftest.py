@@ -33,7 +33,13 @@ def _test_policy() -> str:
                 f"{vllm} -m vllm.entrypoints.openai.api_server", f"{me} -I -m specsweep.bench.remote",
                 "/tmp/* -I -m specsweep.bench.remote", "/usr/bin/python3 -I -m specsweep.bench.remote"]
     text = "\n".join([
-        'hosts = ["*"]', f"commands = {json.dumps(commands)}", 'cwd = ["/tmp"]', 'env = ["*"]',
+        'hosts = ["*"]', f"commands = {json.dumps(commands)}", 'cwd = ["/tmp"]',
+        'env = ["*", "VLLM_RPC_BASE_PATH"]',  # names of files and folders pass only when named exactly
+        # every engine's flags (the simulator's faults), their files in the tests' temporary folders
+        'args = {custom = ["*"], sglang = ["*"], vllm = ["*"], llamacpp = ["*"]}', 'arg_files = ["/tmp"]',
+        'targets = ["*"]', 'ssh_files = ["/tmp", "/root", "/home"]', "accept_unknown_host_keys = true",
+        'endpoints = ["http://127.0.0.1:*", "http://localhost:*"]',
+        f'read = {json.dumps(["/tmp", str(REPO / "data"), str(Path.home() / ".cache")])}',
         f'results = {json.dumps(["/tmp", str(REPO / "data" / "results"), "s3://specsweep-results"])}'])
     folder = Path(tempfile.mkdtemp(prefix="specsweep-policy-"))
     (folder / "policy.toml").write_text(text + "\n")

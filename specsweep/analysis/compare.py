@@ -9,7 +9,6 @@ engine loads (``specsweep.engines``). Data only: ``specsweep.reports`` writes it
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections import Counter
@@ -20,11 +19,13 @@ from pydantic import BaseModel, Field
 from specsweep import engines
 from specsweep.analysis.decision import DecisionConfig, blocks_needed, level_verdict
 from specsweep.analysis.recommend import LevelVerdict, Recommendation, recommend
+from specsweep.analysis.search import max_levels, rests_on
 from specsweep.analysis.slo import SLOView, requests_by_level, slo_view
 from specsweep.analysis.stats import Verdict, t_quantile
 from specsweep.analysis.traffic import COLUMNS as TRAFFIC_COLUMNS
 from specsweep.analysis.traffic import TrafficView, traffic_view
 from specsweep.analysis.verify import ARMS, CONTROLLER, Verification, verify_levels
+from specsweep.bench.config import SweepConfig
 from specsweep.engines import PerBatchSetting, SpeculationSettings
 from specsweep.errors import ConfigError, MeasurementError
 from specsweep.records import FINGERPRINT_COLUMNS, BlockRow, RunRow
@@ -99,6 +100,8 @@ class Comparison(BaseModel):
     traffic: TrafficView | None = Field(None, description="Per category of prompt and level, output lengths, and "
                                         "whether speculation kept the greedy outputs.")
     notes: list[str] = Field(default_factory=list)
+    steering: list[int] = Field(default_factory=list, description="A search's levels measured only to steer it: the "
+                                "answer rests on the levels around its crossing (analysis.search.rests_on).")
     unanswered: list[int] = Field(default_factory=list, description="Levels where every block a configuration measured "
                                   "was set aside as disturbed: no verdict, an open answer there.")
     baseline_run_id: str | None = None
@@ -153,7 +156,11 @@ def _mean_interval(rows: Sequence[BlockRow]) -> tuple[float, tuple[float, float]
 
 def compare_levels(base_rows: Sequence[BlockRow], spec_rows: Sequence[BlockRow], *, decision: DecisionConfig,
                    paired: bool, num_requests: int, baseline_name: str = "baseline",
-                   speculative_name: str = "speculative") -> Comparison:
+                   speculative_name: str = "speculative", answer_levels: int = 0, search: bool = False) -> Comparison:
+    """The two configurations' blocks, level by level, and the answer. ``answer_levels``: the levels the answer's
+    error is controlled over, when more than those measured (a search's most, ``analysis.search.max_levels``);
+    ``search``: the levels were chosen by a search, whose answer rests on the levels around its crossing
+    (``analysis.search.rests_on``)."""
     base, spec = _by_level(base_rows), _by_level(spec_rows)
     aside = {c: (sum(1 for r in base_rows if r.concurrency == c and r.disturbed is not None),
                  sum(1 for r in spec_rows if r.concurrency == c and r.disturbed is not None)) for c in base}
@@ -176,7 +183,8 @@ def compare_levels(base_rows: Sequence[BlockRow], spec_rows: Sequence[BlockRow],
                                "dataset (column disturbed). Measure again: a machine too busy to measure them on, or a "
                                "server that fails every request, does so every time.")
     levels = []
-    answering = len(common) + len(unanswered)  # the levels the answer rests on: its intervals hold together
+    # The levels the answer rests on (or may, for a search): its intervals hold together over them.
+    answering = max(len(common) + len(unanswered), answer_levels)
     for c in common:
         b, s = base[c], spec[c]
         interval, v = level_verdict(b, s, decision, paired=paired, num_requests=num_requests, levels=answering)
@@ -202,9 +210,20 @@ def compare_levels(base_rows: Sequence[BlockRow], spec_rows: Sequence[BlockRow],
             speculative_batch=_median([r.engine_running_mean for r in s]),
             speculative_batch_max=_median([r.engine_running_max for r in s]),
         ))
-    rec = recommend([lv.as_verdict() for lv in levels], decision.margin, unanswered)
+    verdicts = [lv.as_verdict() for lv in levels]
+    steering: list[int] = []
+    if search:
+        resting = rests_on({lv.concurrency: lv.ratio for lv in levels if not math.isnan(lv.ratio)})
+        steering = sorted(lv.concurrency for lv in levels if lv.concurrency not in resting)
+        verdicts = [v for v in verdicts if v.concurrency not in steering]
+    rec = recommend(verdicts, decision.margin, unanswered)
     comp = Comparison(baseline=baseline_name, speculative=speculative_name, levels=levels, recommendation=rec,
-                      margin=decision.margin, alpha=decision.alpha, unanswered=unanswered)
+                      margin=decision.margin, alpha=decision.alpha, unanswered=unanswered, steering=steering)
+    if steering:
+        comp.notes.append(f"Found by search: {', '.join(map(str, steering))} steered it (measured until it was clear "
+                          "whether speculation is ahead there); the answer and its bound rest on the levels around "
+                          "the crossing, assuming, as bisection does, that speculation's gain falls as load grows (the "
+                          "levels' estimates fall in that order).")
     for c in unanswered:
         sides = [f"{name}'s {n} block(s)" for name, (n, ok) in ((baseline_name, measured[c][0]),
                                                                   (speculative_name, measured[c][1])) if n and not ok]
@@ -268,6 +287,22 @@ def carrying(setting: PerBatchSetting | None, rec: Recommendation) -> PerBatchSe
     return setting.model_copy(update={"status": rec.status, "worst_case_loss": rec.worst_case_loss})
 
 
+def refuted_if_short(comp: Comparison) -> Comparison:
+    """A setting the verify stage found short of a fixed policy beyond the margin at some level is refuted: its
+    status, its sentence and the engine's file say so (the file is kept, so that what ran can be read)."""
+    v = comp.verification
+    if v is None or v.status != "failed":
+        return comp
+    short = [lv for lv in v.levels if lv.result == "falls short"]
+    where = ", ".join(f"{lv.concurrency} (x{lv.ratio:.2f} of always {lv.better_fixed})" for lv in short)
+    rec = comp.recommendation.model_copy(update={
+        "status": "refuted",
+        "decision": f"Refuted: run by the engine, the setting fell short of a fixed policy at {where}. "
+                    f"{comp.recommendation.decision}"})
+    setting = comp.setting.model_copy(update={"status": "refuted"}) if comp.setting is not None else None
+    return comp.model_copy(update={"recommendation": rec, "setting": setting})
+
+
 def compare_runs(store: ResultsStore, baseline_run_id: str, speculative_run_id: str, *,
                  decision: DecisionConfig | None = None) -> Comparison:
     """Compare two runs from the store (the CLI's ``compare`` and the flows' comparison task). Without
@@ -277,10 +312,15 @@ def compare_runs(store: ResultsStore, baseline_run_id: str, speculative_run_id: 
         decision = DecisionConfig.model_validate_json(spec_run.decision_json) if spec_run.decision_json else DecisionConfig()
     diffs = check_fingerprints(base_run, spec_run, decision.allow_mismatch)
     paired = (base_run.design or "").startswith("alternate") and base_run.design == spec_run.design
-    num_requests = int(json.loads(spec_run.sweep_json or "{}").get("num_requests", 32))
+    sweep = SweepConfig.model_validate_json(spec_run.sweep_json) if spec_run.sweep_json not in (None, "", "{}") \
+        else SweepConfig()
+    num_requests = sweep.num_requests
+    # A search's answer holds over the most levels it could have measured, not only those it did.
+    answer_levels = max_levels(sweep.search.min, sweep.search.max) if sweep.search is not None else 0
     base_rows, spec_rows = store.level_rows(baseline_run_id), store.level_rows(speculative_run_id)
     comp = compare_levels(base_rows, spec_rows, decision=decision, paired=paired, num_requests=num_requests,
-                          baseline_name=base_run.config_name, speculative_name=spec_run.config_name)
+                          baseline_name=base_run.config_name, speculative_name=spec_run.config_name,
+                          answer_levels=answer_levels, search=sweep.search is not None)
     comp.baseline_run_id, comp.speculative_run_id, comp.host = baseline_run_id, speculative_run_id, base_run.host
     comp.design = base_run.design if base_run.design == spec_run.design else None
     if not paired:
@@ -310,12 +350,14 @@ def compare_runs(store: ResultsStore, baseline_run_id: str, speculative_run_id: 
                                 batch={lv.concurrency: (lv.speculative_batch, lv.speculative_batch_max)
                                        for lv in comp.levels},
                                 confidence=lambda categories: decision.interval_confidence(
-                                    num_requests, len(comp.levels) + len(comp.unanswered), categories, paired=paired),
+                                    num_requests, max(len(comp.levels) + len(comp.unanswered), answer_levels),
+                                    categories, paired=paired),
                                 unanswered=comp.unanswered,
                                 lossy_verifier=speculation.lossy_verifier if speculation is not None else None)
     comp.notes += comp.traffic.notes
     comp = with_engine_setting(comp, speculation)
     comp.verification = verification_of(store, comp, decision, num_requests)
+    comp = refuted_if_short(comp)
     if decision.slo is not None:
         comp.slo = slo_view(decision.slo, *(requests_by_level(store.request_fields(rid, SLO_COLUMNS), rows)
                                             for rid, rows in ((baseline_run_id, base_rows),

@@ -77,6 +77,9 @@ class DecisionConfig(BaseModel):
     allow_mismatch: bool = Field(False, description="Compare even if GPU, driver, engine or model differ.")
     slo: SLO | None = Field(None, description="Latency targets (p99 TTFT and TPOT, ms): the report then gives each "
                             "configuration's capacity within them and its goodput per level.")
+    budget_minutes: float | None = Field(
+        None, gt=0, le=7 * 24 * 60, description="The run's time budget: a comparison found by search (sweep.search) "
+        "stops before a round would pass it (one block over at most), and the plan at its start says what it buys.")
     verify: bool = Field(
         False, description="After a decided answer, start the engine with the recommended per-batch setting and "
         "measure it at the same levels in turn with always-on and always-off (specsweep.analysis.verify).")

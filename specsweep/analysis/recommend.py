@@ -33,7 +33,7 @@ from pydantic import BaseModel, Field
 
 from specsweep.analysis.stats import Verdict
 
-Status = Literal["decided", "best available"]
+Status = Literal["decided", "best available", "refuted"]
 
 
 class LevelVerdict(BaseModel):

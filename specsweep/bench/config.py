@@ -91,7 +91,8 @@ class WorkloadConfig(BaseModel):
     output_len: int = Field(128, ge=1, le=1_000_000, description="Tokens to generate per request: exactly, with "
                             "ignore_eos; else at most (a prompt's own max_tokens, or ShareGPT's answer length, when "
                             "shorter).")
-    bundled_set: str = Field("mixed", description="Name of a file in data/prompts/ (without .jsonl).")
+    bundled_set: str = Field("mixed", pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$", max_length=80,
+                             description="Name of a file in data/prompts/ (without .jsonl).")
     prompts_file: Path | None = Field(
         None, description="source file: JSONL, one {\"prompt\": ...} or {\"messages\": [...]} per line (optional "
         "category, max_tokens, arrival_s), or Parquet with a prompt column; source sharegpt: its JSON.")
@@ -116,6 +117,29 @@ class WorkloadConfig(BaseModel):
         return self
 
 
+class SearchRange(BaseModel):
+    """Concurrency levels the run chooses itself between two ends (``specsweep.analysis.search``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min: int = Field(ge=1, le=100_000, description="The lowest concurrency (measured first).")
+    max: int = Field(ge=2, le=100_000, description="The highest concurrency (measured first too).")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.max <= self.min:
+            raise ValueError(f"search max ({self.max}) must be above its min ({self.min})")
+        return self
+
+    @classmethod
+    def parse(cls, text: str) -> SearchRange:
+        """MIN:MAX as the command line writes it."""
+        low, sep, high = text.partition(":")
+        if not sep or not low.strip().isdigit() or not high.strip().isdigit():
+            raise ValueError(f"give the search range as MIN:MAX, such as 1:16 (got {text!r})")
+        return cls(min=int(low), max=int(high))
+
+
 class SweepConfig(BaseModel):
     """The load: which levels, how many requests each, and when to stop."""
 
@@ -128,6 +152,10 @@ class SweepConfig(BaseModel):
         None, description="Open-loop levels instead: Poisson arrivals per second (latency from the scheduled time)."
     )
     max_concurrency: int | None = Field(None, ge=1, description="Cap on requests in flight in request-rate mode.")
+    search: SearchRange | None = Field(
+        None, description="Or: let a comparison choose its concurrency levels between these ends: it measures both "
+        "ends, then bisects where the threshold lies and spends each round where the setting's worst-case loss lies "
+        "(specsweep.analysis.search); concurrency is then ignored. Comparisons in the alternate design only.")
     num_requests: int = Field(32, ge=1, le=1_000_000, description="Measured requests per level (per block).")
     requests_per_slot: int = Field(
         2, ge=0, le=10_000, description="At concurrency C a block holds at least C x this many requests, so that "

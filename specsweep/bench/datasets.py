@@ -223,12 +223,20 @@ _ROLES = {"system", "user", "assistant", "developer", "tool"}
 
 
 def prompts_file(path: Path) -> list[Item]:
-    """The user's own prompts: JSONL (chat messages or prompts, with category, max_tokens, arrival_s) or Parquet."""
+    """The user's own prompts: JSONL (chat messages or prompts, with category, max_tokens, arrival_s) or Parquet.
+    Read once per file and version (each level asks again)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"prompts_file {path} does not exist: give the path of a JSONL or Parquet file of prompts")
+    stat = path.stat()
+    return list(_prompts_file_read(str(path), stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=4)
+def _prompts_file_read(name: str, _mtime_ns: int, _size: int) -> tuple[Item, ...]:
+    path = Path(name)
     if path.suffix.lower() == ".parquet":
-        return [Item(p) for p in _parquet_prompts(path)]
+        return tuple(Item(p) for p in _parquet_prompts(path))
     items = []
     for n, item in enumerate(_jsonl(path), 1):
         where = f"prompts_file {path} line {n}"
@@ -261,7 +269,7 @@ def prompts_file(path: Path) -> list[Item]:
     if any(a is not None for a in arrivals) and any(a is None for a in arrivals):
         raise ConfigError(f"prompts_file {path}: 'arrival_s' is on some lines only: give it on every line (a trace) "
                           "or on none")
-    return items
+    return tuple(items)
 
 
 def _messages(value: Any, where: str) -> tuple[tuple[str, str], ...]:

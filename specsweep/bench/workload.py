@@ -14,6 +14,7 @@ the rounds, and the rounds stop as soon as no prompt's count can move closer to 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import random
 import re
@@ -143,8 +144,8 @@ def _approximate(texts: Sequence[str]) -> list[Prompt]:
 
 async def build_prompts(config: WorkloadConfig, count: int, tokenizer: Tokenizer | None = None) -> list[Prompt]:
     """``count`` prompts (cycling through the source when it holds fewer), counted by ``tokenizer``."""
-    if config.source != "synthetic":
-        return await _from_items(items_of(config), config, count, tokenizer)
+    if config.source != "synthetic":  # a file's reading and parsing kept off the event loop
+        return await _from_items(await asyncio.to_thread(items_of, config), config, count, tokenizer)
     rng = random.Random(config.seed)
     spread = config.input_len_range * config.input_len
     targets = [max(1, round(config.input_len + rng.uniform(-spread, spread))) for _ in range(count)]

@@ -25,7 +25,13 @@ Dataset = Annotated[str, typer.Option(
 PromptsFile = Annotated[Optional[Path], typer.Option(
     help="JSONL (prompts or chat messages) or Parquet (with --dataset file); ShareGPT JSON (sharegpt).")]
 Temperatures = Annotated[Optional[str], typer.Option(
-    help="Temperatures, comma-separated: one comparison at each (default: 0 alone).")]
+    "--temperatures", "--temperature", help="A sampling temperature, or several comma-separated: one comparison at "
+    "each (default: 0 alone).")]
+Search = Annotated[Optional[str], typer.Option(
+    help="MIN:MAX: let the comparison choose its levels between these (both ends, then where speculation stops "
+    "paying), in place of --concurrency.")]
+BudgetMinutes = Annotated[Optional[float], typer.Option(
+    help="The run's time budget in minutes: a search stops within it; the plan at the start says what it buys.")]
 Results = Annotated[str, typer.Option("--results", help="Results root (Parquet): a folder or a URL.")]
 HostFile = Annotated[Optional[Path], typer.Option(
     "--host-config", help="Host file (JSON or TOML, as the flows' host parameter). Default: this machine.")]

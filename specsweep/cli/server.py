@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from enum import Enum
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Annotated, Any, Optional  # noqa: UP035 - typer reads Optiona
 import typer
 
 from specsweep import engines
-from specsweep.cli.app import app
+from specsweep.cli.app import HostGuard, Installed, app
 from specsweep.cli.options import HostFile, fail, host_config, setup_logging
 from specsweep.errors import ConfigError, SpecsweepError
 from specsweep.hosts import Host, open_host
@@ -24,18 +23,17 @@ from specsweep.server import lifecycle
 from specsweep.server.api import ServerAPI
 from specsweep.server.health import wait_for_health
 
-#: How ``server start|kill`` holds the machine against benchmark runs while it works: ``(host, wait_s)`` -> a
-#: context manager. The core holds nothing; the ``specsweep`` command (flows/cli.py) sets the runs' host lock.
-HostGuard = Callable[[Host, float], AbstractContextManager[None]]
-
 
 def _unguarded(host: Host, wait_s: float) -> AbstractContextManager[None]:
-    _log.warning("%s is not locked against benchmark runs (the core command has no Prefect): use `specsweep server`",
-                 host.label)
+    _log.warning("%s is not locked against benchmark runs: no host lock is installed (the flows' commands bring "
+                 "Prefect's: install the checkout with `pip install -e .`)", host.label)
     return nullcontext()
 
 
-host_guard: HostGuard = _unguarded
+def host_guard(ctx: typer.Context) -> HostGuard:
+    """The host guard the registrations handed over (``specsweep.cli.main``), else none (a warning)."""
+    installed = ctx.find_object(Installed)
+    return installed.host_guard if installed is not None and installed.host_guard is not None else _unguarded
 
 
 _log = logging.getLogger("specsweep.cli")
@@ -66,6 +64,7 @@ def _endpoint(spec: str, key: Path | None, known: Path | None, trust: bool) -> d
 
 @app.command("server", no_args_is_help=True)
 def server(
+    ctx: typer.Context,
     action: Annotated[Action, typer.Argument(help="start: launch the server detached and print its handle; "
                                              "wait: wait until it answers its health check; kill: stop it and "
                                              "its leftovers and print what was killed (all JSON).")],
@@ -101,15 +100,16 @@ def server(
         cfg = host_config(host_file, overrides)
         saved = lifecycle.ServerHandle.model_validate_json(handle_file.read_text()) \
             if handle_file and handle_file.exists() and action is not Action.start else None
+        guard = host_guard(ctx)
         with open_host(cfg) as h:
             result: Any
             if action is Action.start:
-                with host_guard(h, lock_wait_s):
+                with guard(h, lock_wait_s):
                     result = lifecycle.start_server(h, prof, kill_port_holder=kill_port_holder)
                 if handle_file:
                     handle_file.write_text(result.model_dump_json(indent=2))
             elif action is Action.kill:
-                with host_guard(h, lock_wait_s):
+                with guard(h, lock_wait_s):
                     result = lifecycle.kill_server(h, prof, saved)
             else:
                 handle = saved or lifecycle.find_handle(h, prof)

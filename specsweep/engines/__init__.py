@@ -1,14 +1,19 @@
 """The engines specsweep knows, by name: the only place besides each engine's own module that names them.
 
 Adding an engine is one new module (``specsweep.engines.<name>``, an ``Engine`` of ``base``) and one
-line here. Everything else asks this registry: a profile's ``engine`` names its entry; ``custom``
-profiles (any other server) are read with every engine's rules.
+line here (or ``register(ENGINE)`` from elsewhere: a plugin, a test). Everything else asks this registry
+when it runs, so an engine registered later is known everywhere from then on: a profile's ``engine``
+names its entry; ``custom`` profiles (any other server) are read with every engine's rules; the flows'
+and the command line's engine settings (``EngineSettingsParam``) are the form of the engine they name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import GetCoreSchemaHandler
+from pydantic_core import CoreSchema, core_schema
 
 from specsweep.engines.base import (
     OWN_CONTROLLER,
@@ -32,8 +37,33 @@ from specsweep.records import RequestRecord
 if TYPE_CHECKING:
     from specsweep.analysis.decision import DecisionConfig
 
-ENGINES: dict[str, Engine] = {e.name: e for e in (SGLANG, VLLM, LLAMACPP)}
+ENGINES: dict[str, Engine] = {}
 CUSTOM = "custom"
+
+
+def register(engine: Engine) -> Engine:
+    """Add ``engine`` to the registry (from then on every flow, command and rule knows it); it is returned."""
+    field = engine.settings.model_fields.get("engine")
+    if field is None or field.default != engine.name:
+        raise ConfigError(f"{engine.settings.__name__}.engine must default to the engine's name {engine.name!r} "
+                          f"(engine: Literal[{engine.name!r}] = Field({engine.name!r}, ...)): it is the key the "
+                          "engines' settings are told apart by")
+    if engine.name == CUSTOM or ENGINES.get(engine.name, engine) is not engine:
+        raise ConfigError(f"an engine named {engine.name!r} is known already: give the new engine another name")
+    ENGINES[engine.name] = engine
+    return engine
+
+
+for _engine in (SGLANG, VLLM, LLAMACPP):
+    register(_engine)
+
+#: The engine of the main job: llama.cpp on this machine's CPU with generated models, so its settings need no field.
+LOCAL: Engine = LLAMACPP
+
+
+def local_settings() -> EngineSettings:
+    """The main job's engine settings: the local llama.cpp's defaults."""
+    return LOCAL.settings.model_validate({})
 
 
 def get(name: str, what: str = "engine") -> Engine:
@@ -54,6 +84,46 @@ def of_settings(settings: EngineSettings) -> Engine:
         if isinstance(settings, engine.settings):
             return engine
     raise ConfigError(f"{type(settings).__name__} is not the settings of an engine specsweep knows")
+
+
+def settings_from(value: Any) -> EngineSettings:
+    """An engine's settings from a flow parameter or a JSON object: the form of the engine its ``engine``
+    names, looked up now (an engine registered after this module was imported is one). ValueError (with
+    pydantic's errors, which name the field) otherwise."""
+    names = ", ".join(ENGINES)
+    if isinstance(value, EngineSettings):
+        if not any(isinstance(value, e.settings) for e in ENGINES.values()):
+            raise ValueError(f"{type(value).__name__} is not the settings of an engine specsweep knows ({names})")
+        return value
+    if not isinstance(value, Mapping):
+        raise ValueError(f"give the engine's settings as an object naming its engine, e.g. {{\"engine\": "
+                         f"\"{LOCAL.name}\"}} (engines: {names})")
+    name = value.get("engine")
+    if name is None:
+        raise ValueError(f"engine is missing: name the engine these settings are for, one of {names}")
+    if name not in ENGINES:
+        raise ValueError(f"engine {name!r} is not an engine specsweep knows: choose one of {names}")
+    return ENGINES[name].settings.model_validate(dict(value))
+
+
+class _ByEngine:
+    """How pydantic (and so Prefect) reads an ``EngineSettingsParam``: validated by ``settings_from`` when a
+    value arrives; described, in a flow's parameter schema, as the registered engines' forms keyed on
+    ``engine`` (the UI's form per engine)."""
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        forms = {name: handler.generate_schema(e.settings) for name, e in ENGINES.items()}
+        return core_schema.no_info_plain_validator_function(
+            settings_from, json_schema_input_schema=core_schema.tagged_union_schema(forms, discriminator="engine"),
+            serialization=core_schema.plain_serializer_function_ser_schema(_dump, info_arg=True))
+
+
+def _dump(settings: EngineSettings, info: core_schema.SerializationInfo) -> dict[str, Any]:
+    return settings.model_dump(mode=info.mode)
+
+
+#: A flow parameter (or any pydantic field) holding one engine's settings, keyed on ``engine``.
+EngineSettingsParam = Annotated[EngineSettings, _ByEngine()]
 
 
 def check_verifiable(name: str, what: str = "decision.verify") -> None:
@@ -200,7 +270,7 @@ def per_batch_setting(spec: SpeculationSettings, starts: Sequence[tuple[int, int
     return ENGINES[spec.engine].per_batch_setting(spec, starts, k_max) if spec.engine in ENGINES else None
 
 
-__all__ = ["CUSTOM", "ENGINES", "Engine", "EngineSettings", "EventReader", "LaunchFinding", "PerBatchSetting",
-           "SpeculationSettings", "check_launch",
-           "check_name", "get", "metric_names", "of_settings", "per_batch_setting", "preset", "preset_names", "probe",
-           "request_fields", "speculation_of"]
+__all__ = ["CUSTOM", "ENGINES", "LOCAL", "Engine", "EngineSettings", "EngineSettingsParam", "EventReader",
+           "LaunchFinding", "PerBatchSetting", "SpeculationSettings", "check_launch", "check_name", "get",
+           "local_settings", "metric_names", "of_settings", "per_batch_setting", "preset", "preset_names", "probe",
+           "register", "request_fields", "settings_from", "speculation_of"]

@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from specsweep.engines.flags import FlagTable
 from specsweep.errors import ConfigError
 from specsweep.profiles import ProfileParams, ServerProfile
 from specsweep.records import RequestRecord
@@ -67,9 +68,13 @@ class LaunchFinding:
 
 
 class EngineSettings(BaseModel):
-    """An engine's form: the fields flows show, and the two server profiles they make."""
+    """An engine's form: the fields flows show, and the two server profiles they make. Each form names its
+    engine in ``engine`` (``Literal["<name>"]``, defaulting to it): the key flows and the command line tell
+    the engines' forms apart by (``specsweep.engines.EngineSettingsParam``)."""
 
     model_config = ConfigDict(extra="forbid")
+
+    engine: str = Field(description="The engine these settings are for.")
 
     def profile(self, kind: Kind) -> ServerProfile:
         raise NotImplementedError
@@ -132,6 +137,17 @@ class Engine:
     launch_modules: ClassVar[tuple[str, ...]] = ()
     #: Environment names (fnmatch patterns) of its own that a worker's default policy passes on.
     env_names: ClassVar[tuple[str, ...]] = ()
+    #: Programs (file names) that are its server without ``python -m`` (llama.cpp's ``llama-server``).
+    programs: ClassVar[tuple[str, ...]] = ()
+    #: The flags its presets and settings form produce, each with the check of its value (``engines.flags``):
+    #: what a worker's policy passes without naming them. Any other flag passes only where the policy names it.
+    flags: ClassVar[FlagTable] = {}
+    #: Flags whose value is a file its server reads or loads (templates, configs, plugins, keys): only inside the
+    #: folders a worker's policy names (``arg_files``), whoever allowed the flag itself.
+    file_flags: ClassVar[tuple[str, ...]] = ()
+    #: Flags that make its server run code of the model's or the request's choosing: refused by a worker's
+    #: default policy, in any spelling its parser takes.
+    code_flags: ClassVar[tuple[str, ...]] = ("--trust-remote-code",)
     #: Its own speculation controller, named for people (None: it has none): the verify stage's fourth arm starts
     #: the speculative profile with it (``controller_setting``) beside off, on and the measured schedule.
     controller: ClassVar[str | None] = None

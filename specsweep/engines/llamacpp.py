@@ -22,11 +22,12 @@ import shutil
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from specsweep import route
+from specsweep.engines import flags as f
 from specsweep.engines.base import (
     Engine,
     EngineSettings,
@@ -128,6 +129,7 @@ def speculative(
 class LlamaCppSettings(EngineSettings):
     """The local llama.cpp target: tiny generated models (built on demand) or your own GGUF files."""
 
+    engine: Literal["llamacpp"] = Field("llamacpp", description="The engine these settings are for.")
     model_path: str | None = Field(None, description="Target GGUF; default the generated tiny model (in the user's cache).")
     draft_model_path: str | None = Field(None, description="Draft GGUF; default the generated tiny draft.")
     parallel: int = Field(8, ge=1, le=256, description="Server slots (-np): the most requests decoded together.")
@@ -172,7 +174,18 @@ class LlamaCpp(Engine):
     name = "llamacpp"
     label = "llama.cpp"
     launch_modules = ("specsweep.targets.llamacpp.launcher", route.MODULE)
-    env_names = ("LLAMA_*",)
+    programs = ("llama-server",)
+    env_names = ("LLAMA_API_KEY",)
+    flags = {"-m": f.model, "--host": f.address, "--port": f.port, "-np": f.integer(1, 256), "-c": f.integer(256, 1 << 24),
+             "-t": f.integer(1, 256), "--poll": f.integer(0, 100), "--metrics": None, "-md": f.model,
+             "--spec-type": f.choice("draft-simple", "ngram-simple", "ngram-mod", "none"),
+             "--spec-draft-n-max": f.integer(1, 64), "--spec-draft-n-min": f.integer(0, 64),
+             "--spec-draft-p-min": f.number(0, 1),
+             # specsweep route in front of the two servers (the verify stage's run of a threshold)
+             "--speculative": f.loopback_url, "--baseline": f.loopback_url, "--off-from": f.integer(1, 100_000)}
+    file_flags = ("--chat-template-file", "--ssl-key-file", "--ssl-cert-file", "--lora", "--control-vector",
+                  "--grammar-file", "--json-schema-file", "--api-key-file", "--slot-save-path", "--path",
+                  "--log-file", "--media-path")
     settings = LlamaCppSettings
     grid_fields = {"draft_max": "dmax", "draft_min": "dmin", "draft_p_min": "pmin"}
     k_field = "draft_max"

@@ -20,10 +20,11 @@ from __future__ import annotations
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from specsweep.engines import flags as f
 from specsweep.engines.base import (
     Engine,
     EngineSettings,
@@ -127,6 +128,7 @@ def eagle3(
 class SGLangSettings(EngineSettings):
     """An SGLang deployment: the target model, its EAGLE-3 draft, and where it listens."""
 
+    engine: Literal["sglang"] = Field("sglang", description="The engine these settings are for.")
     model_path: str = Field("moonshotai/Kimi-K2.5", description="Target model path or hub id on the GPU host.")
     draft_model_path: str = Field("lightseekorg/kimi-k2.5-eagle3", description="EAGLE-3 draft model path or hub id.")
     tp: int = Field(8, ge=1, le=64, description="Tensor parallel size (--tp).")
@@ -222,10 +224,39 @@ def _sim_preset(kind: Kind) -> Preset:
     return make
 
 
+def _private_file(value: str) -> str | None:
+    """A file specsweep wrote on the host (``Host.write_private_file``: ``~/.specsweep/files/<name>``)."""
+    parts = value.split("/")
+    ok = len(parts) >= 3 and parts[-3:-1] == [".specsweep", "files"] and ".." not in parts and f.model(value) is None
+    return None if ok else "must be a file specsweep wrote on the host (~/.specsweep/files/<name>)"
+
+
+_STEPS = f.integer(1, 64)
+
+
+def _sim_profiles() -> list[str]:
+    from specsweep.targets.sim.model import PROFILES  # the simulator's module stays out of a plain import
+
+    return sorted(PROFILES)
+
+
 class SGLang(Engine):
     name = "sglang"
     label = "SGLang"
     launch_modules = ("sglang.launch_server", "specsweep.targets.sim")
+    flags = {"--model-path": f.model, "--host": f.address, "--port": f.port, "--tp": f.integer(1, 64),
+             "--enable-metrics": None, "--speculative-algorithm": f.choice("EAGLE3", "EAGLE", "NEXTN", "MTP"),
+             "--speculative-draft-model-path": f.model, "--speculative-num-steps": _STEPS,
+             "--speculative-eagle-topk": _STEPS, "--speculative-num-draft-tokens": f.integer(2, 1024),
+             "--cuda-graph-max-bs": f.integer(1, 1 << 16), "--max-running-requests": f.integer(1, 1 << 16),
+             "--speculative-adaptive": None, "--speculative-adaptive-config": _private_file,
+             "--api-key": f.placeholder("{api_key}"),
+             # the simulator's own (its presets)
+             "--sim-profile": f.choice(*_sim_profiles()), "--startup-s": f.number(0, 3600)}
+    file_flags = ("--chat-template", "--config", "--tokenizer-path", "--ssl-keyfile", "--ssl-certfile",
+                  "--ssl-ca-certs", "--lora-paths", "--download-dir", "--speculative-adaptive-config",
+                  "--fault-once-file", "--tool-server", "--json-model-override-args")
+    code_flags = ("--trust-remote-code", "--enable-custom-logit-processor", "--custom-weight-loader")
     env_names = ("SGLANG_*",)
     settings = SGLangSettings
     grid_fields = {"num_steps": "steps", "eagle_topk": "topk", "num_draft_tokens": "draft"}

@@ -38,6 +38,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from specsweep.engines import flags as f
 from specsweep.engines.base import (
     Engine,
     EngineSettings,
@@ -139,6 +140,7 @@ def speculative(model: str, method: str, *, draft_model: str | None = None, k: i
 class VLLMSettings(EngineSettings):
     """A vLLM deployment: the target model, how it speculates (method, draft model, K), where it listens."""
 
+    engine: Literal["vllm"] = Field("vllm", description="The engine these settings are for.")
     model: str = Field(description="Target model path or hub id on the host (--model).", min_length=1)
     method: Literal["draft_model", "eagle3", "eagle", "ngram", "mtp"] = Field(
         "eagle3", description="Speculation method of the speculative configuration (--speculative-config method).")
@@ -302,11 +304,31 @@ def _preset(method: str | None) -> Preset:
     return make
 
 
+#: What ``--speculative-config`` carries from specsweep's forms and recommendations.
+SPECULATIVE_KEYS = {"method": f.is_word, "model": f.is_model, "num_speculative_tokens": f.is_int,
+                    "prompt_lookup_max": f.is_int, "prompt_lookup_min": f.is_int,
+                    "num_speculative_tokens_per_batch_size": f.is_ranges,
+                    # The verify stage's fourth arm: vLLM's own controller (adaptive verification).
+                    "enable_adaptive_verification": f.is_bool}
+
+
 class VLLM(Engine):
     name = "vllm"
     label = "vLLM"
     launch_modules = ("vllm.entrypoints.openai.api_server",)
-    env_names = ("VLLM_*",)
+    # Named one by one: VLLM_* also holds names that make it read a file or load code (VLLM_LOGGING_CONFIG_PATH,
+    # VLLM_PLUGINS).
+    env_names = ("VLLM_API_KEY", "VLLM_RPC_BASE_PATH", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND",
+                 "VLLM_SERVER_DEV_MODE", "VLLM_ATTENTION_BACKEND", "VLLM_LOGGING_LEVEL", "VLLM_USE_V1",
+                 "VLLM_WORKER_MULTIPROC_METHOD", "VLLM_ENABLE_V1_MULTIPROCESSING")
+    flags = {"--model": f.model, "--host": f.address, "--port": f.port, "--tensor-parallel-size": f.integer(1, 64),
+             "--max-model-len": f.integer(16, 1 << 24), "--speculative-config": f.json_object(SPECULATIVE_KEYS)}
+    file_flags = ("--chat-template", "--config", "--tool-parser-plugin", "--reasoning-parser-plugin", "--tokenizer",
+                  "--hf-config-path", "--ssl-keyfile", "--ssl-certfile", "--ssl-ca-certs", "--lora-modules",
+                  "--allowed-local-media-path", "--download-dir", "--model-loader-extra-config",
+                  "--logits-processor-pattern", "--kv-transfer-config")
+    code_flags = ("--trust-remote-code", "--middleware", "--worker-cls", "--worker-extension-cls",
+                  "--logits-processors")
     settings = VLLMSettings
     grid_fields = {"num_speculative_tokens": "k"}
     k_field = "num_speculative_tokens"

@@ -34,6 +34,9 @@ from specsweep.hosts.scripts import (
 )
 from specsweep.profiles import is_env_name
 
+#: How much of one log line ``Host.tail`` gives (a line of a file a server printed, quoted in an error).
+TAIL_LINE_CHARS = 400
+
 
 @dataclass(frozen=True)
 class CommandResult:
@@ -293,9 +296,13 @@ class Host(ABC):
         return [line for line in result.stdout.split("\n") if line], result.stderr.strip()
 
     def tail(self, path: str, lines: int = 40) -> str:
-        """The last lines of a file, or an empty string when it cannot be read."""
+        """The last lines of a file, or an empty string when it cannot be read. Each is cut to ``TAIL_LINE_CHARS``:
+        errors quote them into the run's log, which everyone with API access reads."""
         result = self.run(["tail", "-n", str(int(lines)), "--", path], timeout=30)
-        return result.stdout if result.ok else ""
+        if not result.ok:
+            return ""
+        return "".join(ln if len(ln) <= TAIL_LINE_CHARS + 1 else f"{ln[:TAIL_LINE_CHARS]}... (cut)\n"
+                       for ln in result.stdout.splitlines(keepends=True))
 
     def which(self, program: str) -> str | None:
         result = self.run(["sh", "-c", 'command -v -- "$1"', "sh", program], timeout=30)

@@ -32,6 +32,7 @@ from collections import deque
 from pathlib import Path
 from typing import Literal
 
+from specsweep import policy
 from specsweep.errors import HostError, TunnelError
 from specsweep.hosts.base import Host
 from specsweep.hosts.config import SSHEndpoint
@@ -364,7 +365,9 @@ class Tunnel:
 
 def open_tunnel(host: SSHHost, bind: str, port: int, *, marker: str = "", expect_listening: bool = False) -> Tunnel:
     """An open tunnel to ``port`` of the host (where a server bound to ``bind`` listens). Checks that
-    the SSH side forwards at all; with ``expect_listening``, that something listens there too."""
+    the SSH side forwards at all; with ``expect_listening``, that something listens there too. Only to an
+    address the worker's policy names (``targets``: the host's loopback by default), checked before ssh starts."""
+    policy.load().check_target(forward_target(bind), "profile.host")
     if shutil.which("ssh") is None:
         raise TunnelError(f"the SSH tunnel to port {port} on {host.label} needs the OpenSSH client (ssh), which is "
                           "not installed here: install it (Debian: openssh-client), or set the host's traffic to "

@@ -127,6 +127,8 @@ class Location:
         target = self.path(relative)
         parent = target.rsplit("/", 1)[0]
         try:
+            if self.local:
+                self._check_inside(parent, relative)  # before its folders are made: they would be made there
             self._makedirs(parent)
             tmp = f"{parent}/.{target.rsplit('/', 1)[1]}.tmp-{os.getpid()}-{secrets.token_hex(3)}"
             if not self.local:
@@ -143,12 +145,14 @@ class Location:
                         self.fs.delete_file(tmp)
                     raise
                 return target
+            self._check_inside(parent, relative)  # and again, once they exist
             try:
-                with open(tmp, "wb") as f:
+                # Created here, never through a link someone placed at its name.
+                with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644), "wb") as f:
                     f.write(data)
                     f.flush()
                     os.fsync(f.fileno())
-                os.replace(tmp, target)
+                os.replace(tmp, target)  # replaces a link at the target itself, never what it points to
             except BaseException:
                 try:
                     os.unlink(tmp)
@@ -161,6 +165,14 @@ class Location:
                 "results are intact; free space or fix permissions on the results location (or choose another)."
             ) from None
         return target
+
+    def _check_inside(self, parent: str, relative: str) -> None:
+        """A local write's folder is inside the results location once links are resolved: in a shared results
+        folder, another user's symbolic link (``runs -> /home/me/.config``) must not take the write elsewhere."""
+        real = os.path.realpath(parent)
+        if real != self.base and not real.startswith(self.base.rstrip("/") + "/"):
+            raise StoreError(f"cannot write results to {self.url_of(relative)}: a folder on the way is a symbolic "
+                             f"link out of the results location (to {real}); remove the link")
 
     @property
     def _spec(self) -> Any:
@@ -231,7 +243,7 @@ class Location:
         try:
             self._makedirs(self.base)
             if self.local:
-                with open(self.path(probe), "wb") as f:
+                with os.fdopen(os.open(self.path(probe), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW), "wb") as f:
                     f.write(b"ok")
                 os.unlink(self.path(probe))
             else:

@@ -49,31 +49,49 @@ def _left(deadline: float, most: float) -> float:
     return max(0.05, min(most, deadline - time.monotonic()))
 
 
+#: What of a server's log a start forwards into the run's log (which everyone with API access reads): lines cut
+#: to this many characters, and this many lines at most; the log file on the host keeps everything. A server that
+#: prints a file's text (an engine may log the chat template it loads) so shows a few lines of it at most.
+FORWARD_LINE_CHARS = 400
+FORWARD_LINES = 200
+
+
 class _LogFollower:
-    """Reads lines appended to the server log since the last call."""
+    """Reads lines appended to the server log since the last call (a bounded number of bounded lines)."""
 
     def __init__(self, host: Host, path: str, sink: Callable[[str], None] | None) -> None:
         self.host, self.path, self.sink = host, path, sink
         self.offset = 0
         self.partial = b""
+        self.sent = 0
+
+    def _send(self, text: str) -> None:
+        assert self.sink is not None
+        if self.sent < FORWARD_LINES:
+            cut = len(text) - FORWARD_LINE_CHARS
+            self.sink(text if cut <= 0 else f"{text[:FORWARD_LINE_CHARS]}... ({cut} more characters in the log file)")
+        elif self.sent == FORWARD_LINES:
+            self.sink(f"(no more of the server's log is forwarded after {FORWARD_LINES} lines: it is in {self.path} "
+                      "on the host)")
+        self.sent += 1
 
     def poll(self) -> None:
-        if self.sink is None:
+        if self.sink is None or self.sent > FORWARD_LINES:
             return
         data = self.host.read_from(self.path, self.offset, limit=256 * 1024)
         if not data:
             return
         self.offset += len(data)
         lines = (self.partial + data).split(b"\n")
-        self.partial = lines.pop()
+        self.partial = lines.pop()[: 4 * FORWARD_LINE_CHARS]  # a line with no end yet is kept bounded too
         for line in lines:
             text = line.decode("utf-8", errors="replace").rstrip("\r")
             if text.strip():
-                self.sink(text)
+                self._send(text)
 
     def flush(self) -> None:
         if self.sink is not None and self.partial.strip():
-            self.sink(self.partial.decode("utf-8", errors="replace"))
+            self._send(self.partial.decode("utf-8", errors="replace"))
         self.partial = b""
 
 

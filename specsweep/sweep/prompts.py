@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,7 +25,9 @@ class PromptSet:
     counted_by: str  # local | server | approximate
     digest: str
 
-_prompt_cache: dict[str, PromptSet] = {}
+#: The prompt sets built in this process, the most recent last: a worker serves many runs, so it keeps a few.
+_prompt_cache: OrderedDict[str, PromptSet] = OrderedDict()
+PROMPT_CACHE_SETS = 16
 
 def server_tokenizer(api: ServerAPI) -> Tokenizer:
     """The server's /tokenize, a few calls at a time; None counts (the approximate path) where its answers
@@ -40,6 +43,9 @@ async def _prompts(api: ServerAPI, model: str | None, workload: WorkloadConfig, 
         prompts = tuple(await build_prompts(workload, count, tokenizer))
         counted_by = tokenizer.source if prompts and all(p.exact for p in prompts) else "approximate"
         _prompt_cache[key] = PromptSet(prompts, counted_by, prompts_digest(prompts))
+        while len(_prompt_cache) > PROMPT_CACHE_SETS:
+            _prompt_cache.popitem(last=False)
+    _prompt_cache.move_to_end(key)
     return _prompt_cache[key]
 
 def marked(prompt_set: PromptSet, block: str) -> PromptSet:

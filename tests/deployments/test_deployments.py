@@ -21,8 +21,8 @@ from tests.helpers.prefect_server import PREFECT, REPO, postgres, prefect_cli, p
 from tests.helpers.processes import stop_process
 from tests.helpers.sshd import free_port
 
-DEPLOYMENTS = {"compare-local-llamacpp/local", "compare-sglang-eagle3/sglang", "compare-speculation/profiles",
-               "benchmark-config/config", "compare-vllm/vllm", "tune-speculation/llamacpp",
+DEPLOYMENTS = {"compare-engine/local", "compare-engine/sglang", "compare-speculation/profiles",
+               "benchmark-config/config", "compare-engine/vllm", "tune-speculation/llamacpp",
                "eagle3-benchmark/eagle3", "baseline-benchmark/baseline"}
 
 
@@ -97,12 +97,12 @@ async def test_deployments_register_with_schedules(deployed: dict[str, str]) -> 
 
 async def test_run_with_custom_parameters_completes_with_artifacts_and_logs(deployed: dict[str, str], tmp_path: Path) -> None:
     port = free_port()
-    params = {"sglang": sim_settings(port),
+    params = {"settings": {"engine": "sglang", **sim_settings(port)},
               "benchmark": {"sweep": {"concurrency": [1, 16], "num_requests": 12, "warmup_requests": 2},
                             "workload": {"input_len": 8, "output_len": 24}, "results": str(tmp_path / "results")},
               "decision": {"min_blocks": 2, "max_requests_per_level": 24}}  # two blocks each: no verdict asserted
     async with get_client() as client:
-        dep = await client.read_deployment_by_name("compare-sglang-eagle3/sglang")
+        dep = await client.read_deployment_by_name("compare-engine/sglang")
         run = await client.create_flow_run_from_deployment(dep.id, parameters=params)
     done = await wait_done(run.id)
     assert done.state.is_completed(), done.state  # type: ignore[attr-defined]
@@ -189,3 +189,44 @@ async def test_serve_builds_the_same_deployments_as_prefect_yaml() -> None:
         assert served[d["name"]].entrypoint == d["entrypoint"]
         assert served[d["name"]].parameters == (d.get("parameters") or {})
         assert all(not s.active for s in served[d["name"]].schedules)
+
+
+def test_compare_engine_takes_a_form_per_engine_that_the_server_checks() -> None:
+    """The schema the server checks a run's parameters against (and the UI draws): one settings form per
+    registered engine, chosen by settings.engine. Each compare-engine entry of prefect.yaml passes it."""
+    import yaml
+    from prefect.utilities.callables import parameter_schema
+    from prefect.utilities.schema_tools import ValidationError, validate
+
+    from flows.compare_speculation import compare_engine
+
+    schema = parameter_schema(compare_engine).model_dump_for_openapi()
+    settings = schema["properties"]["settings"]
+    assert settings["discriminator"]["propertyName"] == "engine"
+    assert set(settings["discriminator"]["mapping"]) == {"sglang", "vllm", "llamacpp"}
+    assert settings["default"]["engine"] == "llamacpp"  # no parameters: the main job
+    spec = yaml.safe_load((REPO / "deployments" / "prefect.yaml").read_text())["deployments"]
+    presets = {d["name"]: d.get("parameters") or {} for d in spec if d["entrypoint"].endswith(":compare_engine")}
+    assert set(presets) == {"local", "sglang", "vllm"}
+    for name, params in presets.items():
+        assert validate(params, schema, raise_on_error=True) == [], name
+    for bad in ({"settings": {"engine": "tensorrt-llm"}},
+                {"settings": {"engine": "sglang", "model": "/m/llama"}},  # a vLLM field in SGLang's form
+                {"settings": {"model_path": "/m/kimi"}}):  # no engine
+        with pytest.raises(ValidationError, match="settings"):
+            validate(bad, schema, raise_on_error=True)
+
+
+async def test_serve_serves_only_the_deployments_the_workers_policy_names(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    sys.path.insert(0, str(REPO / "deployments"))
+    import serve  # type: ignore[import-not-found]
+
+    every = await serve.deployments()
+    chosen = every[0]
+    policy_file = tmp_path / "policy.toml"
+    policy_file.write_text(f'deployments = ["{chosen.flow_name}/{chosen.name}"]\n')
+    monkeypatch.setenv("SPECSWEEP_POLICY", str(policy_file))
+    assert [(d.flow_name, d.name) for d in await serve.deployments()] == [(chosen.flow_name, chosen.name)]

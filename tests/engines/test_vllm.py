@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 
 from flows.benchmark_config import benchmark_config
-from flows.compare_speculation import compare_vllm
+from flows.compare_speculation import compare_engine
 from flows.tune_speculation import tune_speculation
 from specsweep.bench.config import SweepConfig, WorkloadConfig
 from specsweep.engines.vllm import check_speculative_config as check_vllm_speculative_config
@@ -42,7 +42,7 @@ async def test_vllm_baseline_vs_draft_model_end_to_end(vllm_python: str, hf_mode
     vllm = settings(hf_models, vllm_python, port, max_model_len=2048,
                     env={"VLLM_SERVER_DEV_MODE": "1"})
     async with ServerGroups(port, port + 1) as groups:
-        state = await compare_vllm(vllm, return_state=True, benchmark=BenchmarkSettings(
+        state = await compare_engine(vllm, return_state=True, benchmark=BenchmarkSettings(
             results=str(results), workload=WorkloadConfig(source="mt-bench", output_len=16),
             sweep=SweepConfig(concurrency=[1, 4], num_requests=8, warmup_requests=2),
             stages=LifecycleConfig(warm_up_requests=0)),
@@ -216,7 +216,7 @@ async def test_tune_speculation_on_vllm_gives_a_schedule_vllm_loads(vllm_python:
     results = tmp_path / "results"
     async with ServerGroups(port) as groups:
         state = await tune_speculation(
-            vllm=settings(hf_models, vllm_python, port), grid={"num_speculative_tokens": [1, 3]}, return_state=True,
+            settings=settings(hf_models, vllm_python, port), grid={"num_speculative_tokens": [1, 3]}, return_state=True,
             benchmark=BenchmarkSettings(results=str(results), workload=WorkloadConfig(input_len=16, output_len=16),
                                         sweep=SweepConfig(concurrency=[1, 4], num_requests=8, warmup_requests=1),
                                         stages=LifecycleConfig(warm_up_requests=0)),

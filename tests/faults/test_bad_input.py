@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from flows.benchmark_config import benchmark_config
-from flows.compare_speculation import compare_local_llamacpp, compare_sglang_eagle3, compare_speculation, compare_vllm
+from flows.compare_speculation import compare_engine, compare_speculation
 from flows.server_lifecycle import server_lifecycle
 from flows.sglang_benchmarks import baseline_benchmark, eagle3_benchmark
 from flows.tune_speculation import tune_speculation
@@ -95,26 +95,33 @@ FLOW_CASES: dict[str, tuple[Any, dict[str, Any], list[str]]] = {
                                       ["host", "ssh"]),
     "tp 0": (eagle3_benchmark, {"sglang": {"tp": 0}}, ["sglang.tp", "greater than or equal to 1"]),
     "steps as text": (baseline_benchmark, {"sglang": {"num_steps": "three"}}, ["sglang.num_steps", "valid integer"]),
-    "unknown sglang field": (compare_sglang_eagle3, {"sglang": {"speculative_algo": "EAGLE3"}},
-                             ["sglang.speculative_algo", "Extra inputs"]),
+    "unknown sglang field": (compare_engine, {"settings": {"engine": "sglang", "speculative_algo": "EAGLE3"}},
+                             ["settings.speculative_algo", "Extra inputs"]),
+    "settings without their engine": (compare_engine, {"settings": {"model_path": "/m/kimi"}},
+                                      ["settings", "engine is missing", "one of sglang, vllm, llamacpp"]),
+    "settings of an unknown engine": (compare_engine, {"settings": {"engine": "tensorrt-llm"}},
+                                      ["settings", "'tensorrt-llm' is not an engine specsweep knows"]),
     "repeats 0": (compare_speculation, {"baseline": profile(), "speculative": profile(name="spec"),
                                         "benchmark": {"sweep": {"repeats": 0}}},
                   ["benchmark.sweep.repeats", "greater than or equal to 1"]),
-    "llama.cpp slots 0": (compare_local_llamacpp, {"llamacpp": {"parallel": 0}},
-                          ["llamacpp.parallel", "greater than or equal to 1"]),
-    "vLLM EAGLE-3 without its draft": (compare_vllm, {"vllm": {"model": "/m/llama", "method": "eagle3"}},
-                                       ["vllm", "draft_model is required for method eagle3"]),
-    "vLLM method unknown": (compare_vllm, {"vllm": {"model": "/m/llama", "method": "medusa"}},
-                            ["vllm.method", "'eagle3'"]),
-    "vLLM K 0": (compare_vllm, {"vllm": {"model": "/m/llama", "method": "ngram", "num_speculative_tokens": 0}},
-                 ["vllm.num_speculative_tokens", "greater than or equal to 1"]),
+    "llama.cpp slots 0": (compare_engine, {"settings": {"engine": "llamacpp", "parallel": 0}},
+                          ["settings.parallel", "greater than or equal to 1"]),
+    "vLLM EAGLE-3 without its draft": (compare_engine, {"settings": {"engine": "vllm", "model": "/m/llama",
+                                                                     "method": "eagle3"}},
+                                       ["settings", "draft_model is required for method eagle3"]),
+    "vLLM method unknown": (compare_engine, {"settings": {"engine": "vllm", "model": "/m/llama", "method": "medusa"}},
+                            ["settings.method", "'eagle3'"]),
+    "vLLM K 0": (compare_engine, {"settings": {"engine": "vllm", "model": "/m/llama", "method": "ngram",
+                                               "num_speculative_tokens": 0}},
+                 ["settings.num_speculative_tokens", "greater than or equal to 1"]),
     "grid of another engine's field": (tune_speculation, {"grid": {"num_speculative_tokens": [1, 3]}},
                                        ["grid.num_speculative_tokens is not a llama.cpp speculation setting"]),
-    "grid point SGLang refuses": (tune_speculation, {"sglang": {"simulate": True}, "grid": {"num_steps": [2],
-                                                                                            "num_draft_tokens": [5]}},
+    "grid point SGLang refuses": (tune_speculation, {"settings": {"engine": "sglang", "simulate": True},
+                                                     "grid": {"num_steps": [2], "num_draft_tokens": [5]}},
                                   ["grid point steps2-draft5", "num_draft_tokens = num_steps + 1"]),
-    "grid over two engines": (tune_speculation, {"llamacpp": {}, "vllm": {"model": "/m", "method": "ngram"}},
-                              ["give the settings of one engine, not vllm and llamacpp"]),
+    "grid settings of the wrong engine": (tune_speculation, {"settings": {"engine": "llamacpp", "model": "/m",
+                                                                          "method": "ngram"}},
+                                          ["settings.model", "Extra inputs"]),
     "grid too large": (tune_speculation, {"grid": {"draft_max": list(range(1, 6)), "draft_min": [0, 1, 2, 3, 4]}},
                        ["the grid has 25 points (5 x 5); at most 24"]),
 }
@@ -250,7 +257,23 @@ POLICY_CASES: dict[str, tuple[dict[str, Any], dict[str, Any], str]] = {
     "working directory": ({"cwd": "/tmp/planted"}, {}, "profile.cwd: '/tmp/planted' is not a working directory"),
     "remote code": ({"argv": [sys.executable, TOY, "--port", "{port}", "--trust-remote-code"]}, {},
                     "--trust-remote-code is an argument this worker never passes"),
+    # the server's parser reads these as --trust-remote-code (vLLM: underscores; argparse: prefixes)
+    "underscored flag": ({"argv": [sys.executable, TOY, "--port", "{port}", "--trust_remote_code"]}, {},
+                         "--trust_remote_code (read by the server as --trust-remote-code) is an argument this worker"),
+    "abbreviated flag": ({"argv": [sys.executable, TOY, "--port", "{port}", "--trust-remote-cod"]}, {},
+                         "--trust-remote-cod (read by the server as --trust-remote-code) is an argument this worker"),
+    "a flag the policy does not name": (
+        {"argv": [sys.executable, TOY, "--port", "{port}", "--chat-template", "/root/.ssh/id_ed25519"]}, {},
+        "profile.argv: --chat-template is not a flag of any preset"),
+    "a private folder's variable": ({"private_tmp_env": ["LD_PRELOAD"]}, {},
+                                    "profile.env: LD_PRELOAD would make the server run"),
     "another host": ({}, {"ssh": True}, "host: '127.0.0.1' is not a host this worker may reach"),
+    # the tunnel would forward to the cloud's metadata service, seen from the GPU host
+    "a tunnel off the host's loopback": ({"host": "169.254.169.254"}, {"ssh": True, "allow_host": True},
+                                        "profile.host: '169.254.169.254' is not an address this worker sends"),
+    "direct traffic elsewhere": ({}, {"ssh": True, "allow_host": True, "traffic": "direct",
+                                      "http_address": "169.254.169.254"},
+                                 "host.http_address: '169.254.169.254' is not an address this worker sends"),
     "host_python": ({}, {"load_generator": "host", "host_python": "/tmp/evil"},
                     "host.host_python: /tmp/evil -I -m specsweep.bench.remote... is not among the commands"),
 }
@@ -264,13 +287,14 @@ async def test_the_workers_policy_refuses_what_it_does_not_allow_before_anything
     the rule and the file."""
     policy_file = tmp_path / "policy.toml"
     policy_file.write_text(f'hosts = ["local"]\ncommands = ["{sys.executable} {TOY}"]\nresults = ["{tmp_path}"]\n'
-                           'env = ["HF_TOKEN"]\n')
+                           f'env = ["HF_TOKEN"]\nargs = {{custom = ["--port="]}}\nssh_files = ["{tmp_path}"]\n')
     monkeypatch.setenv("SPECSWEEP_POLICY", str(policy_file))
     fields, host_fields, needle = POLICY_CASES[case]
     host: dict[str, Any] = {}
     if host_fields:  # an SSH host (the tripwire): reached only if the policy let the run through
-        host = {**tripwire_host(tripwire, tmp_path), **{k: v for k, v in host_fields.items() if k != "ssh"}}
-    if "host_python" in host_fields:  # the host itself is allowed: its interpreter is what is refused
+        host = {**tripwire_host(tripwire, tmp_path),
+                **{k: v for k, v in host_fields.items() if k not in ("ssh", "allow_host")}}
+    if "host_python" in host_fields or host_fields.get("allow_host"):  # the host is allowed: what it is asked isn't
         policy_file.write_text(policy_file.read_text().replace('hosts = ["local"]', 'hosts = ["local", "127.0.0.1"]'))
     before = tripwire.connections
     state = await benchmark_config(profile=profile(**fields), host=host, return_state=True,  # type: ignore[arg-type]
@@ -285,7 +309,8 @@ async def test_the_workers_policy_refuses_what_it_does_not_allow_before_anything
 async def test_no_parameter_lifts_the_policy_and_no_results_root_escapes_it(tmp_path: Path,
                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     policy_file = tmp_path / "policy.toml"
-    policy_file.write_text(f'commands = ["{sys.executable} {TOY}"]\nresults = ["{tmp_path}/results"]\n')
+    policy_file.write_text(f'commands = ["{sys.executable} {TOY}"]\nresults = ["{tmp_path}/results"]\n'
+                           'args = {custom = ["--port="]}\n')
     monkeypatch.setenv("SPECSWEEP_POLICY", str(policy_file))
     lifted = await benchmark_config(profile=profile(), host={"allowed_commands": None}, return_state=True,  # type: ignore[arg-type]
                                     benchmark={"results": str(tmp_path / "results")})  # type: ignore[arg-type]
@@ -300,3 +325,74 @@ async def test_no_parameter_lifts_the_policy_and_no_results_root_escapes_it(tmp_
     state = await benchmark_config(profile=profile(), return_state=True,  # type: ignore[arg-type]
                                    benchmark={"results": str(tmp_path / "results")})  # type: ignore[arg-type]
     assert state.is_failed() and "missing.toml (SPECSWEEP_POLICY) does not exist" in (state.message or "")
+
+
+async def test_files_the_worker_reads_stay_in_the_policys_folders_and_size(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prompts file or tokenizer anywhere on the worker was read and its lines sent to the server; a ShareGPT
+    source of /dev/zero read without end; a bundled set's name climbed out of data/prompts."""
+    prompts = tmp_path / "prompts" / "big.jsonl"
+    prompts.parent.mkdir()
+    prompts.write_text('{"prompt": "hello"}\n' * 100)
+    policy_file = tmp_path / "policy.toml"
+    policy_file.write_text(f'commands = ["{sys.executable} {TOY}"]\nresults = ["{tmp_path}/results"]\n'
+                           f'args = {{custom = ["--port="]}}\nread = ["{tmp_path}/prompts", "/dev"]\n'
+                           "read_max_bytes = 1024\n")
+    monkeypatch.setenv("SPECSWEEP_POLICY", str(policy_file))
+    cases = [({"source": "file", "prompts_file": "/etc/hostname"},
+              "benchmark.workload.prompts_file: '/etc/hostname' is not inside a folder this worker reads"),
+             ({"source": "sharegpt", "prompts_file": "/dev/zero"}, "'/dev/zero' is not a regular file"),
+             ({"source": "file", "prompts_file": str(prompts)}, "bytes, more than this worker reads"),
+             ({"tokenizer": "/root/.ssh"}, "benchmark.workload.tokenizer: '/root/.ssh' is not inside a folder"),
+             ({"source": "bundled", "bundled_set": "../../../etc/passwd"}, "benchmark.workload.bundled_set")]
+    for workload, needle in cases:
+        state = await benchmark_config(profile=profile(), return_state=True,  # type: ignore[arg-type]
+                                       benchmark={"results": str(tmp_path / "results"),  # type: ignore[arg-type]
+                                                  "workload": workload})
+        assert state.is_failed() and needle in (state.message or ""), (workload, state.message)
+    assert not (tmp_path / "results").exists()
+
+
+async def test_a_results_block_pointing_at_a_strangers_store_is_refused(tripwire: Tripwire, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The block's endpoint_url was not checked: results went to a server the reviewer stood up, with requests
+    signed by the worker's key. The stranger's store (the tripwire) is never reached."""
+    from tasks.blocks import ResultsBlock
+
+    policy_file = tmp_path / "policy.toml"
+    policy_file.write_text(f'commands = ["{sys.executable} {TOY}"]\nresults = ["s3://specsweep-results"]\n'
+                           'args = {custom = ["--port="]}\nendpoints = ["http://minio.lab.example:9000"]\n')
+    monkeypatch.setenv("SPECSWEEP_POLICY", str(policy_file))
+    await ResultsBlock(url="s3://specsweep-results/x", endpoint_url=f"http://127.0.0.1:{tripwire.port}").asave(
+        "stranger-store", overwrite=True)
+    before = tripwire.connections
+    state = await benchmark_config(profile=profile(), return_state=True,  # type: ignore[arg-type]
+                                   benchmark={"results_block": "stranger-store"})  # type: ignore[arg-type]
+    assert state.is_failed(), state.message
+    assert f"'stranger-store'.endpoint_url: 'http://127.0.0.1:{tripwire.port}' is not a results endpoint" in (
+        state.message or ""), state.message
+    assert "rule 'endpoints'" in (state.message or "") and tripwire.connections == before
+
+
+async def test_a_run_chooses_no_ssh_trust_the_policy_does_not_give(tripwire: Tripwire, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """key_path, known_hosts and accept_unknown_host_key came from run parameters or editable block fields: a
+    run named the worker's files and trusted any host key. Refused before the host is reached."""
+    from tasks.blocks import SSHHostBlock
+
+    policy_file = tmp_path / "policy.toml"
+    policy_file.write_text(f'hosts = ["127.0.0.1"]\ncommands = ["{sys.executable} {TOY}"]\n'
+                           f'results = ["{tmp_path}"]\nargs = {{custom = ["--port="]}}\n')
+    monkeypatch.setenv("SPECSWEEP_POLICY", str(policy_file))
+    host = tripwire_host(tripwire, tmp_path)
+    trusting = {**host, "ssh": {**host["ssh"], "key_path": None, "accept_unknown_host_key": True}}
+    await SSHHostBlock(hostname="127.0.0.1", port=tripwire.port, accept_unknown_host_key=True).asave(
+        "trusting", overwrite=True)
+    before = tripwire.connections
+    for given, needle in ((host, "host.ssh.key_path: "),
+                          (trusting, "host.ssh.accept_unknown_host_key: a run may not trust a host key"),
+                          ({"block": "trusting"}, "ssh-host block 'trusting'.accept_unknown_host_key")):
+        state = await benchmark_config(profile=profile(), host=given, return_state=True,  # type: ignore[arg-type]
+                                       benchmark={"results": str(tmp_path / "results")})  # type: ignore[arg-type]
+        assert state.is_failed() and needle in (state.message or ""), state.message
+    assert tripwire.connections == before, "the host was touched"

@@ -25,7 +25,7 @@ API_KEY = "sk-engine-secret-42-do-not-leak"
 
 
 def cli(*args: str) -> str:
-    proc = subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "specsweep.cli", *args], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout + proc.stderr
 

@@ -24,7 +24,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.deployments import run_deployment
 
-import flows.cli  # noqa: F401  # imported before any refusal is timed (invoke)
+import flows.commands  # noqa: F401  # imported before any refusal is timed (invoke)
 from flows.benchmark_config import benchmark_config
 from flows.compare_speculation import compare_speculation
 from specsweep.analysis.decision import DecisionConfig
@@ -171,7 +171,7 @@ async def test_a_host_whose_sshd_refuses_forwarding_fails_fast_and_says_so(
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, timeout=120,
+    return subprocess.run([sys.executable, "-m", "specsweep.cli", *args], capture_output=True, text=True, timeout=120,
                           cwd=REPO)
 
 

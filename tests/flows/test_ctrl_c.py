@@ -72,7 +72,7 @@ def test_a_ctrl_c_stops_the_run_its_servers_and_its_temporary_prefect_server(tmp
     with log.open("w") as out:
         # Its own session, as a terminal's foreground job: a Ctrl-C goes to its whole process group.
         proc = subprocess.Popen(
-            [sys.executable, "-m", "flows.cli", "compare-speculation", "--engine", "llamacpp", "--settings",
+            [sys.executable, "-m", "specsweep.cli", "compare-speculation", "--engine", "llamacpp", "--settings",
              str(settings), "--levels", "1", "--num-prompts", "4", "--output-len", "16", "--dataset", "synthetic",
              "--max-requests-per-level", "400", "--results", str(tmp_path / "results")],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,

@@ -53,7 +53,7 @@ async def test_the_command_line_does_not_start_a_server_on_a_machine_a_run_holds
     await _limit(name)
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "flows.cli", "server", *args, "--profile", str(path)],
+        return subprocess.run([sys.executable, "-m", "specsweep.cli", "server", *args, "--profile", str(path)],
                               capture_output=True, text=True, timeout=120, env=env)
 
     async with concurrency(name, occupy=1, strict=True, lease_duration=60):  # as a benchmark run holds it

@@ -71,7 +71,7 @@ async def test_comparison_writes_to_s3_and_its_artifacts_link_there(s3: S3Server
     # The command line reads the same store, credentials from the environment, endpoint in the URL.
     url = f"{s3.url('compare')}?endpoint_override={s3.endpoint}&scheme=http&region={REGION}"
     env = {**os.environ, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY}
-    out = subprocess.run([sys.executable, "-m", "flows.cli", "runs", "--results", url], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "specsweep.cli", "runs", "--results", url], capture_output=True,
                          text=True, env=env, timeout=120)
     assert out.returncode == 0 and result.baseline.run_id in out.stdout, out.stderr
     assert ACCESS_KEY not in out.stdout + out.stderr

@@ -68,9 +68,9 @@ async def test_sglang_grid_on_the_simulator_retried_like_the_ui_then_its_file_tr
     once.write_text("armed later")  # present: starts run clean; removed once the first setting is running
     results = tmp_path / "results"
     params = {
-        "sglang": {"model_path": "/models/kimi", "draft_model_path": "/models/eagle3", "tp": 8, "port": port,
-                   "simulate": True, "sim_profile": "tiny-fast",
-                   "extra_args": ["--startup-s", "0.3", "--fault-crash-on-start", "--fault-once-file", str(once)]},
+        "settings": {"engine": "sglang", "model_path": "/models/kimi", "draft_model_path": "/models/eagle3", "tp": 8,
+                     "port": port, "simulate": True, "sim_profile": "tiny-fast",
+                     "extra_args": ["--startup-s", "0.3", "--fault-crash-on-start", "--fault-once-file", str(once)]},
         "grid": {"num_steps": [1, 3]},
         "benchmark": {"sweep": {"concurrency": [1, 4, 16], "num_requests": 16, "warmup_requests": 2},
                       "workload": {"input_len": 16, "output_len": 64}, "results": str(results)},
@@ -164,7 +164,7 @@ async def test_llamacpp_draft_max_grid_on_this_machine(tmp_path: Path) -> None:
     chats.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"write the story of river {i}"}],
                                          "category": ("story", "water")[i % 2]}) + "\n" for i in range(24)))
     state = await tune_speculation(
-        llamacpp=LlamaCppSettings(port=port), grid={"draft_max": [2, 6]}, return_state=True,
+        settings=LlamaCppSettings(port=port), grid={"draft_max": [2, 6]}, return_state=True,
         benchmark={"sweep": {"concurrency": [1, 4], "num_requests": 12, "warmup_requests": 1},  # type: ignore[arg-type]
                    "workload": {"source": "file", "prompts_file": str(chats), "output_len": 32},
                    "results": str(results)},

@@ -11,7 +11,7 @@ from tests.conftest import pids_with_marker, toy_profile
 
 
 def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "specsweep.cli", *args], capture_output=True, text=True, timeout=120)
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc

@@ -130,3 +130,92 @@ async def test_an_arm_an_earlier_try_finished_is_not_measured_again() -> None:
     finished_spec = FakeArm("spec", spec.speed, log, finished=[])
     assert await designs.in_turn([done, finished_spec], LEVELS, lambda clean: False, restart=False) == [earlier, []]
     assert log == []
+
+
+#: Speedup by concurrency, the shape of EAGLE-1 in SGLang (arXiv 2503.01840, Table 3) with its crossover placed
+#: between 16 and 24 (x1.10 and x0.90 there); log-linear between the points.
+SPEEDUPS = {1: 1.40, 4: 1.40, 8: 1.23, 16: 1.10, 24: 0.90, 32: 0.88, 64: 0.88}
+
+
+def crossover(c: int) -> float:
+    import math
+
+    points = sorted(SPEEDUPS)
+    if c <= points[0]:
+        return SPEEDUPS[points[0]]
+    for a, b in zip(points, points[1:], strict=False):
+        if a <= c <= b:
+            w = math.log(c / a) / math.log(b / a)
+            return math.exp((1 - w) * math.log(SPEEDUPS[a]) + w * math.log(SPEEDUPS[b]))
+    return SPEEDUPS[points[-1]]
+
+
+class NoisyArm(FakeArm):
+    """A block's throughput with a known ratio and a few per cent of seeded noise; a block holds max(8, 2C)
+    requests of 64 tokens (requests_per_slot 2), and lasts as long as they take at that throughput."""
+
+    def __init__(self, name: str, ratio: Callable[[int], float], log: list[str], seed: int) -> None:
+        import random
+
+        super().__init__(name, lambda c: 100.0 * c, log)
+        self.ratio, self.rng = ratio, random.Random(seed)
+
+    async def measure(self, level: Block) -> BlockRow:
+        row = await super().measure(level)
+        c = int(level.value)
+        speed = 100.0 * c * self.ratio(c) * self.rng.uniform(0.97, 1.03)
+        requests = max(8, 2 * c)
+        return row.model_copy(update={"output_tokens_per_s": speed, "steady_output_tokens_per_s": speed,
+                                      "requests": requests, "completed": requests, "duration_s": requests * 64 / speed})
+
+
+async def test_a_search_brackets_the_crossover_between_16_and_24_in_half_the_grids_time() -> None:
+    from specsweep.analysis.compare import compare_levels
+    from specsweep.bench.config import SearchRange
+
+    decision = DecisionConfig(min_blocks=4, max_requests_per_level=8 * 24)
+    steps: list[str] = []
+    log: list[str] = []
+    base, spec = NoisyArm("base", lambda c: 1.0, log, 1), NoisyArm("spec", crossover, log, 2)
+    base_rows, spec_rows = await designs.search(base, spec, SearchRange(min=1, max=64), decision, 8, restart=False,
+                                                on_step=lambda s: steps.append(f"{s.kind} {s.concurrency} {s.why}"))
+    comp = compare_levels(base_rows, spec_rows, decision=decision, paired=True, num_requests=8, answer_levels=7,
+                          search=True)
+    measured = sorted(lv.concurrency for lv in comp.levels)
+    t = comp.recommendation.speculation_off_from
+    assert t is not None and 17 <= t <= 24, (t, measured, steps[-1])
+    below = max(c for c in measured if c < t)
+    assert below >= 16, (below, t, measured)  # bracketed within [16, 24]
+    assert steps[-1].startswith("stop None settled"), steps[-1]
+    # The power-of-two grid over 1..64 with the same decision settings: its bracket is (16, 32], in more time.
+    grid_log: list[str] = []
+    grid_base, grid_spec = NoisyArm("base", lambda c: 1.0, grid_log, 1), NoisyArm("spec", crossover, grid_log, 2)
+    grid_rows = await designs.alternate(grid_base, grid_spec, sweep_levels(SweepConfig(concurrency=[1, 2, 4, 8, 16, 32, 64])),
+                                        decision, 8, restart=False)
+    grid = compare_levels(*grid_rows, decision=decision, paired=True, num_requests=8)
+    assert grid.recommendation.speculation_off_from == 32
+    measured = sum(r.duration_s for r in (*base_rows, *spec_rows))
+    grid_measured = sum(r.duration_s for rows in grid_rows for r in rows)
+    assert measured <= 0.5 * grid_measured, (measured, grid_measured)
+    assert log.count("start base") == 1  # side by side: the servers stay up for the whole search
+
+
+async def test_a_search_stops_within_its_time_budget() -> None:
+    from specsweep.bench.config import SearchRange
+
+    now = [0.0]
+    budget = designs.Budget(1.0, clock=lambda: now[0])
+
+    class Slow(NoisyArm):
+        async def measure(self, level: Block) -> BlockRow:
+            now[0] += 7.0  # each block takes 7 s of the budget's clock
+            return await super().measure(level)
+
+    steps: list[str] = []
+    log: list[str] = []
+    base_rows, _ = await designs.search(Slow("base", lambda c: 1.0, log, 1), Slow("spec", crossover, log, 2),
+                                        SearchRange(min=1, max=64), DecisionConfig(), 8, restart=False, budget=budget,
+                                        on_step=lambda s: steps.append(s.why))
+    # 60 s at 14 s a round: the fifth round would end at 70 s, one block over: it starts; a sixth would not.
+    assert len(base_rows) == 5 and now[0] == 70.0
+    assert steps[-1].startswith("the time budget: 1.2 of 1.0 minutes spent") or "time budget" in steps[-1], steps[-1]

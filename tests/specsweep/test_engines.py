@@ -100,3 +100,50 @@ def test_the_registry_reads_each_engines_own_fields() -> None:
     assert len(set(engines.preset_names())) == len(engines.preset_names())
     with pytest.raises(Exception, match="not an engine specsweep knows"):
         engines.check_name("tgi", "profile.engine")
+
+
+def test_engine_settings_are_keyed_on_engine_through_the_registry_as_it_is_when_a_value_arrives() -> None:
+    from pydantic import TypeAdapter, ValidationError
+
+    from tests.helpers.toy_engine import ToySettings, toy_engine
+
+    adapter = TypeAdapter(engines.EngineSettingsParam)  # made before the toy engine is registered
+    schema = adapter.json_schema()
+    assert set(schema["discriminator"]["mapping"]) == set(engines.ENGINES) == {"sglang", "vllm", "llamacpp"}
+    assert schema["discriminator"]["propertyName"] == "engine"
+    assert isinstance(adapter.validate_python({"engine": "vllm", "model": "/m", "method": "ngram"}), vllm.VLLMSettings)
+    with pytest.raises(ValidationError, match="'toy' is not an engine specsweep knows: choose one of sglang"):
+        adapter.validate_python({"engine": "toy", "port": 9})
+    with toy_engine():
+        assert isinstance(adapter.validate_python({"engine": "toy", "port": 9}), ToySettings)
+        assert "toy" in TypeAdapter(engines.EngineSettingsParam).json_schema()["discriminator"]["mapping"]
+    with pytest.raises(ValidationError, match="engine is missing: name the engine these settings are for"):
+        adapter.validate_python({"model_path": "/m"})
+    with pytest.raises(ValidationError) as err:
+        adapter.validate_python({"engine": "sglang", "tp": 0})
+    assert err.value.errors()[0]["loc"] == ("tp",)  # the field inside the engine's form
+
+
+def test_an_engine_must_name_itself_in_its_form_and_once() -> None:
+    from pydantic import Field
+
+    from specsweep.engines.base import EngineSettings
+    from specsweep.errors import ConfigError
+    from tests.helpers.toy_engine import Toy
+
+    class Unnamed(EngineSettings):
+        engine: str = Field("something-else", description="Not the engine's own name.")
+
+    class BadToy(Toy):
+        settings = Unnamed
+
+    with pytest.raises(ConfigError, match="Unnamed.engine must default to the engine's name 'toy'"):
+        engines.register(BadToy())
+
+    class OtherSGLang(Toy):
+        name = "sglang"
+        settings = sglang.SGLangSettings
+
+    with pytest.raises(ConfigError, match="an engine named 'sglang' is known already"):
+        engines.register(OtherSGLang())
+    assert engines.register(engines.ENGINES["sglang"]) is engines.ENGINES["sglang"]  # the same one again: no change

@@ -124,3 +124,37 @@ async def test_the_length_search_stops_when_counts_stop_moving(step: int) -> Non
     want = [max(1, round(100 + rng.uniform(-20, 20))) for _ in range(300)]
     assert all(p.exact and abs(p.input_tokens - w) <= step // 2 for p, w in zip(prompts, want, strict=True))  # type: ignore[operator]
     assert len(rounds) <= 10 and rounds[0] == 300 and rounds == sorted(rounds, reverse=True)
+
+
+async def test_a_prompts_file_is_read_once_off_the_event_loop_and_few_prompt_sets_are_kept(tmp_path: Path) -> None:
+    """Each level asked for its prompts again: the file was read and parsed again for every level, on the event
+    loop that times the requests; and the worker kept every prompt set it ever built."""
+    import threading
+
+    from specsweep.bench import datasets
+    from specsweep.sweep import prompts as level_prompts
+
+    file = tmp_path / "p.jsonl"
+    file.write_text("".join(f'{{"prompt": "question {i} about something"}}\n' for i in range(50)))
+    workload = WorkloadConfig(source="file", prompts_file=file)
+    threads: list[str] = []
+    reader = datasets._prompts_file_read
+
+    def spy(name: str, mtime: int, size: int) -> tuple[datasets.Item, ...]:
+        threads.append(threading.current_thread().name)
+        return reader(name, mtime, size)
+
+    datasets._prompts_file_read = spy  # type: ignore[assignment]
+    try:
+        before = reader.cache_info().misses
+        for count in (8, 16, 32, 64):  # the levels of a sweep
+            assert len(await build_prompts(workload, count)) == count
+    finally:
+        datasets._prompts_file_read = reader  # type: ignore[assignment]
+    assert reader.cache_info().misses == before + 1
+    assert threads and threading.main_thread().name not in threads
+
+    tokenizer = make_tokenizer(tmp_path)
+    for count in range(1, level_prompts.PROMPT_CACHE_SETS + 10):
+        await level_prompts._prompts(None, None, WorkloadConfig(input_len=8, tokenizer=tokenizer), count)  # type: ignore[arg-type]
+    assert len(level_prompts._prompt_cache) == level_prompts.PROMPT_CACHE_SETS

@@ -58,3 +58,34 @@ def test_a_memory_store_leaves_no_temporary_file() -> None:
     loc.write_bytes("a.parquet", b"two")
     assert loc.read_bytes("a.parquet") == b"two"
     assert [p.rsplit("/", 1)[1] for p in fsspec.filesystem("memory").ls("/bench/atomic", detail=False)] == ["a.parquet"]
+
+
+def test_a_write_does_not_follow_a_link_placed_in_a_shared_results_folder(tmp_path: Path) -> None:
+    """Another user of a shared results folder links a run's folder to the worker user's own files: the write is
+    refused, and nothing is made or written there."""
+    from specsweep.errors import StoreError
+
+    root, theirs = tmp_path / "results", tmp_path / "victim"
+    root.mkdir()
+    theirs.mkdir()
+    (root / "runs").symlink_to(theirs)
+    location = ResultsLocation(url=str(root)).open()
+    for relative in ("runs/r1/levels.parquet", "runs/levels.parquet"):
+        with pytest.raises(StoreError, match="symbolic link out of the results location"):
+            location.write_bytes(relative, b"x")
+    assert list(theirs.iterdir()) == []
+    (root / "ok.bin").symlink_to(theirs / "target")  # a link at the file's own name is replaced, not followed
+    location.write_bytes("ok.bin", b"x")
+    assert not (theirs / "target").exists() and (root / "ok.bin").read_bytes() == b"x"
+
+
+def test_a_file_url_is_checked_as_the_path_it_opens() -> None:
+    from specsweep import policy
+    from specsweep.errors import ConfigError
+
+    rules = policy.Policy(results=["/srv/results"])
+    with pytest.raises(ConfigError, match="names a host"):
+        rules.check_results("file://srv/results")  # checked as ./srv/results, opened as /results
+    rules.check_results("file:///srv/results/x")
+    with pytest.raises(ConfigError, match="is not a results root"):
+        rules.check_results("file:///results")

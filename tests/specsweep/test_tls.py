@@ -39,7 +39,7 @@ def wait_listening(port: int) -> None:
 
 
 def bench(config: Path, port: int, results: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "flows.cli", "bench", "--host-config", str(config), "--port",
+    return subprocess.run([sys.executable, "-m", "specsweep.cli", "bench", "--host-config", str(config), "--port",
                            str(port), "--concurrency", "2", "--num-prompts", "4", "--input-len", "16", "--output-len",
                            "8", "--warmup", "0", "--results", str(results)],
                           capture_output=True, text=True, timeout=120, cwd=REPO, env=env)

@@ -126,6 +126,18 @@ def sample_accepted(rng: random.Random, p: float, max_draft: int) -> int:
     return n
 
 
+def speedup_at(points: dict[int, float], b: int) -> float:
+    """The speedup a profile of speedups by batch gives at batch ``b``: log-linear between its points, flat beyond."""
+    keys = sorted(points)
+    if b <= keys[0]:
+        return points[keys[0]]
+    for lo, hi in zip(keys, keys[1:], strict=False):
+        if lo <= b <= hi:
+            w = math.log(b / lo) / math.log(hi / lo)
+            return math.exp((1 - w) * math.log(points[lo]) + w * math.log(points[hi]))
+    return points[keys[-1]]
+
+
 def expected_throughput(profile: SimProfile, b: int, speculative: bool, steps: int = CALIBRATION_STEPS) -> float:
     """Steady-state output tokens/s at batch b (for calibration checks, and the adaptive choice)."""
     if not speculative or steps <= 0:

@@ -26,12 +26,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import os
 import random
 import re
 import sys
+import tempfile
 import time
 import zlib
 from collections.abc import AsyncIterator
@@ -48,8 +50,10 @@ from specsweep.targets.sim.model import (
     SimProfile,
     acceptance_probability,
     expected_throughput,
+    mean_accept_length,
     sample_accepted,
     spec_step_params,
+    speedup_at,
     step_time,
 )
 
@@ -107,6 +111,24 @@ class SimRequest:
     cancelled: bool = False
 
 
+def read_speedups(items: list[str]) -> dict[int, float] | None:
+    """``--sim-speedup BATCH=X`` (repeatable): the speculative server's speedup over the baseline at each batch
+    size (log-linear between them), e.g. the crossover of a published table."""
+    if not items:
+        return None
+    out = {}
+    for text in items:
+        batch, sep, value = text.partition("=")
+        try:
+            b, x = int(batch), float(value)
+        except ValueError:
+            raise ValueError(f"--sim-speedup {text!r}: give BATCH=SPEEDUP, e.g. 16=1.02") from None
+        if not sep or b < 1 or not 0.05 <= x <= 20:
+            raise ValueError(f"--sim-speedup {text!r}: BATCH must be at least 1 and SPEEDUP from 0.05 to 20")
+        out[b] = x
+    return out
+
+
 def read_accept_rule(text: str) -> tuple[re.Pattern[str], float]:
     """``--sim-accept-rule REGEX=LENGTH``: prompts matching REGEX accept LENGTH tokens per verify step (at 3 steps)."""
     pattern, sep, length = text.rpartition("=")
@@ -150,7 +172,8 @@ class BatchLoop:
     """Continuous batching: one loop steps all running requests together."""
 
     def __init__(self, profile: SimProfile, speculative: bool, max_draft: int, max_running: int, rng: random.Random,
-                 tiers: dict[int, list[int]] | None = None, controller: Controller | None = None) -> None:
+                 tiers: dict[int, list[int]] | None = None, controller: Controller | None = None,
+                 speedups: dict[int, float] | None = None) -> None:
         self.profile = profile
         self.speculative = speculative
         self.max_draft = max_draft
@@ -159,6 +182,7 @@ class BatchLoop:
         self.p = acceptance_probability(profile.accept_length, CALIBRATION_STEPS) if speculative else 0.0
         self.tiers = sorted(tiers.items()) if tiers else None
         self.controller = controller
+        self.speedups = speedups if speculative else None
         self._steps_by_batch: dict[int, int] = {}
         self.running: list[SimRequest] = []
         self.waiting: collections.deque[SimRequest] = collections.deque()
@@ -214,6 +238,11 @@ class BatchLoop:
             b = len(self.running)
             steps = self.steps_for(b)
             dt = step_time(b, *spec_step_params(self.profile, steps))
+            if self.speedups and steps:
+                # A profile of speedups by batch: a verify step lasts what makes this batch's speedup the given one
+                # (its tokens per step at this draft length, against a plain step's time at the same batch).
+                tokens = mean_accept_length(self.p, steps)
+                dt = tokens * step_time(b, *spec_step_params(self.profile, 0)) / speedup_at(self.speedups, b)
             next_t = max(next_t + dt, _perf() - 0.05)  # keep the schedule; do not bank lost time
             delay = next_t - _perf()
             await asyncio.sleep(delay if delay > 0 else 0)
@@ -241,7 +270,7 @@ class BatchLoop:
 
 
 #: Parsed arguments /server_info leaves out (a secret, and objects built from other arguments).
-_NOT_SHOWN = frozenset({"api_key", "adaptive_tiers", "adaptive_controller", "accept_rules"})
+_NOT_SHOWN = frozenset({"api_key", "adaptive_tiers", "adaptive_controller", "accept_rules", "speedups"})
 
 
 class SimServer:
@@ -254,7 +283,7 @@ class SimServer:
         self.rng = random.Random(args.seed)
         max_running = args.max_running_requests or self.profile.max_running_requests
         self.engine = BatchLoop(self.profile, self.speculative, self.max_draft, max_running, self.rng, args.adaptive_tiers,
-                                args.adaptive_controller)
+                                args.adaptive_controller, args.speedups)
         self.accept_rules = [(rx, acceptance_probability(length, CALIBRATION_STEPS)) for rx, length in args.accept_rules]
         self.prompt_tokens_total = 0
         # A prefix cache as far as the benchmark can see it: a prompt seen since the last flush is a hit.
@@ -663,6 +692,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                     help="the first N generations after the start are slow: the first waits --sim-cold-ttft-s "
                     "before its first token, the next ones less and less")
     ap.add_argument("--sim-cold-ttft-s", type=float, default=0.2)
+    ap.add_argument("--sim-speedup", action="append", default=[], metavar="BATCH=SPEEDUP",
+                    help="with speculation: its speedup over the baseline at this batch size (repeat for a profile; "
+                    "log-linear between, flat beyond), in place of the profile's own")
     ap.add_argument("--sim-accept-rule", action="append", default=[], metavar="REGEX=LENGTH",
                     help="requests whose prompt matches REGEX accept LENGTH tokens per verify step at 3 draft steps "
                          "(the first rule that matches; the profile's figure otherwise): traffic whose acceptance "
@@ -689,6 +721,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     ):
         ap.error("with --speculative-eagle-topk 1, --speculative-num-draft-tokens must be --speculative-num-steps + 1")
     args.adaptive_tiers = args.adaptive_controller = None
+    try:
+        args.speedups = read_speedups(args.sim_speedup)
+    except ValueError as exc:
+        ap.error(str(exc))
     try:
         args.accept_rules = [read_accept_rule(rule) for rule in args.sim_accept_rule]
     except ValueError as exc:
@@ -784,10 +820,17 @@ DIE_FLUSH_S = 0.01
 def fault_exit(code: int) -> None:
     """Exit abruptly for a fault, noting it in the once-file if there is one."""
     if _ONCE_FILE:
-        with open(_ONCE_FILE, "w") as f:
+        with contextlib.suppress(OSError), \
+                os.fdopen(os.open(_ONCE_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "w") as f:
             f.write("a fault fired\n")
     sys.stdout.flush()
     os._exit(code)
+
+
+def once_file_folders() -> list[str]:
+    """Where --fault-once-file may be: the temporary folder, or the user's ~/.specsweep (the simulator's own
+    places), links resolved. It creates the file: anywhere else it could plant one (a policy file)."""
+    return [os.path.realpath(tempfile.gettempdir()), os.path.realpath(os.path.expanduser("~/.specsweep"))]
 
 
 def _apply_once_file(args: argparse.Namespace) -> None:
@@ -796,6 +839,9 @@ def _apply_once_file(args: argparse.Namespace) -> None:
     path = args.fault_once_file
     if not path:
         return
+    real = os.path.realpath(path)
+    if not any(real.startswith(folder + "/") for folder in once_file_folders()):
+        raise SystemExit(f"specsweep sim: --fault-once-file {path}: give a file in {' or '.join(once_file_folders())}")
     if os.path.exists(path):
         log.info("fault once-file %s exists: running without faults", path)
         for name, value in list(vars(args).items()):

@@ -1,9 +1,13 @@
-"""The ``specsweep`` command: the core's commands (``specsweep.cli``: server, preset, bench, runs, report,
-compare, ...) and the flows', which run a flow in this process (Prefect starts a temporary local
-server when none is configured) and print the answer:
+"""The flows' commands of ``specsweep`` (registered through the entry point group ``specsweep.commands``,
+pyproject.toml): each runs a flow in this process (Prefect starts a temporary local server when none is
+configured) and prints the answer; and Prefect's host lock, which ``specsweep server start|kill`` hold.
 
     specsweep compare-local [--concurrency 1,2,4,8] [--num-prompts 12] [--output-len 64] [--design alternate]
+    specsweep compare-speculation [--engine vllm] --settings vllm.json [--host-config h.json] [--verify]
     specsweep tune [--engine vllm --settings vllm.json] [--grid num_speculative_tokens=1,3,5] [--host-config h.json]
+
+Not a flow: the command line's side of the flows. The engine is never named here: ``--settings`` is the
+engine's form (``specsweep.engines``), the engine from ``--engine`` or the file's own ``engine``.
 """
 
 from __future__ import annotations
@@ -23,11 +27,11 @@ from pydantic import ValidationError
 from specsweep import engines
 from specsweep.analysis.decision import DecisionConfig
 from specsweep.analysis.slo import SLO
-from specsweep.bench.config import WorkloadConfig
-from specsweep.cli import app
-from specsweep.cli import server as server_cli
+from specsweep.bench.config import SearchRange, WorkloadConfig
+from specsweep.cli.app import HostGuard
 from specsweep.cli.options import (
     Budget,
+    BudgetMinutes,
     Dataset,
     Design,
     HostFile,
@@ -37,6 +41,7 @@ from specsweep.cli.options import (
     OutputLen,
     PromptsFile,
     Results,
+    Search,
     SloTpot,
     SloTtft,
     Temperatures,
@@ -46,9 +51,7 @@ from specsweep.cli.options import (
     numbers,
     setup_logging,
 )
-from specsweep.engines.llamacpp import LlamaCppSettings
-from specsweep.engines.sglang import SGLangSettings
-from specsweep.engines.vllm import VLLMSettings
+from specsweep.engines import EngineSettings
 from specsweep.errors import ConfigError, SpecsweepError
 from specsweep.hosts import Host
 from specsweep.parameters import LOCAL_BENCHMARK, LOCAL_DECISION, BenchmarkSettings
@@ -57,21 +60,37 @@ from specsweep.reports.tables import print_comparison, print_tuning
 from specsweep.results import comparison_folder, tuning_folder
 
 _SWEEP, _WORKLOAD = LOCAL_BENCHMARK.sweep, LOCAL_BENCHMARK.workload
+#: The main job: a search over 1..16 streams, within 4 minutes of flow time (the verify stage included): with the
+#: set-up, about 5 minutes on this machine. Blocks of 6 requests (2 per slot from C=3 on) of up to 32 tokens: the
+#: distribution-free intervals need rounds more than long blocks, and a round at one stream is the slowest.
+MAIN_SEARCH, MAIN_BUDGET_MINUTES, MAIN_BLOCK, MAIN_OUTPUT_LEN = "1:16", 4.0, 6, 32
 T = TypeVar("T")
+_SWITCHING = ", ".join(e.label for e in engines.ENGINES.values() if not e.no_per_batch_switch)
+Engine = Annotated[Optional[str], typer.Option(
+    help=f"One of {', '.join(engines.ENGINES)}; default the --settings file's own engine, else the local llama.cpp.")]
 
 
 def _benchmark(levels: str, num_prompts: int, output_len: int, results: str, dataset: str = "synthetic",
-               prompts_file: Path | None = None, temperatures: str | None = None) -> BenchmarkSettings:
+               prompts_file: Path | None = None, temperatures: str | None = None,
+               search: str | None = None) -> BenchmarkSettings:
+    temps = numbers(temperatures, float, "--temperatures") or []
     try:
         workload = WorkloadConfig.model_validate({**_WORKLOAD.model_dump(), "output_len": output_len,
                                                   "source": dataset, "prompts_file": prompts_file})
-        request = LOCAL_BENCHMARK.request.model_validate({**LOCAL_BENCHMARK.request.model_dump(),
-                                                         "temperatures": numbers(temperatures, float, "--temperatures")})
+        # One temperature is the comparison's own; several, a comparison at each.
+        request = LOCAL_BENCHMARK.request.model_validate({
+            **LOCAL_BENCHMARK.request.model_dump(), "temperature": temps[0] if len(temps) == 1 else 0.0,
+            "temperatures": temps if len(temps) > 1 else None})
+        span = SearchRange.parse(search) if search else None
     except ValidationError as exc:
-        raise ConfigError(describe_validation_error(exc, "--dataset/--prompts-file/--temperatures")) from None
+        raise ConfigError(describe_validation_error(exc, "--dataset/--prompts-file/--temperatures/--search")) from None
+    except ValueError as exc:
+        raise ConfigError(f"--search: {exc}") from None
     return LOCAL_BENCHMARK.model_copy(update={
+        # A search's blocks hold 2 requests per slot (the default), not the grid's 3: its rounds are many and short.
         "sweep": _SWEEP.model_copy(update={"concurrency": numbers(levels, int, "--concurrency"),
-                                           "num_requests": num_prompts}),
+                                           "num_requests": num_prompts, "search": span,
+                                           "requests_per_slot": 2 if span is not None else _SWEEP.requests_per_slot}),
         "workload": workload, "request": request, "results": results,
     })
 
@@ -95,12 +114,17 @@ def _print_comparison(result: Any, t0: float) -> None:
     typer.echo(f"Parquet data: {result.results}/runs, /levels, /requests (partitioned by run_id)")
     typer.echo(f"report and plots: {result.results}/{comparison_folder(comp.baseline_run_id, comp.speculative_run_id)}/")
     typer.echo(f"total time: {time.monotonic() - t0:.0f} s")
+    if comp.recommendation.status == "refuted":  # the engine ran the setting and it fell short: not one to deploy
+        typer.echo(comp.recommendation.decision, err=True)
+        raise typer.Exit(3)
 
 
 def _decision(design: str, margin: float, budget: int, ttft: float | None, tpot: float | None,
               **more: Any) -> DecisionConfig:
     if design not in ("alternate", "sequential"):
         raise ConfigError(f"--design must be alternate or sequential (got {design!r})")
+    if (minutes := more.get("budget_minutes")) is not None and minutes <= 0:
+        raise ConfigError(f"--budget-minutes must be a positive number of minutes (got {minutes:g})")
     for name, value in (("--slo-ttft-p99-ms", ttft), ("--slo-tpot-p99-ms", tpot)):
         if value is not None and value <= 0:
             raise ConfigError(f"{name} must be a positive number of milliseconds (got {value:g})")
@@ -109,42 +133,45 @@ def _decision(design: str, margin: float, budget: int, ttft: float | None, tpot:
                                              "slo": slo, **more})
 
 
-@app.command("compare-local")
 def compare_local(
     levels: Levels = ",".join(map(str, _SWEEP.concurrency)),
-    num_prompts: NumPrompts = _SWEEP.num_requests,
-    output_len: OutputLen = _WORKLOAD.output_len,
+    num_prompts: NumPrompts = MAIN_BLOCK,
+    output_len: OutputLen = MAIN_OUTPUT_LEN,
     dataset: Dataset = _WORKLOAD.source,
     prompts_file: PromptsFile = None,
     temperatures: Temperatures = None,
+    search: Search = MAIN_SEARCH,
+    budget_minutes: BudgetMinutes = MAIN_BUDGET_MINUTES,
     design: Design = LOCAL_DECISION.design,
     margin: Margin = LOCAL_DECISION.margin,
     max_requests_per_level: Budget = LOCAL_DECISION.max_requests_per_level,
+    verify: Annotated[bool, typer.Option("--verify/--no-verify", help="Then run the setting (behind specsweep route) "
+                                         "against always on and always off.")] = True,
     slo_ttft: SloTtft = None,
     slo_tpot: SloTpot = None,
     results: Results = LOCAL_BENCHMARK.results,
 ) -> None:
-    """The main job: llama.cpp baseline vs draft speculation on this machine's CPU (compare-local-llamacpp),
-    then the comparison table, the answer and where the data and report are."""
-    from flows.compare_speculation import compare_local_llamacpp  # Prefect loads with the command, not with --help
+    """The main job: llama.cpp baseline vs draft speculation on this machine's CPU (compare-engine with its
+    defaults), then the comparison table, the answer and where the data and report are."""
+    from flows.compare_speculation import compare_engine  # Prefect loads with the command, not with --help
 
     setup_logging()
     t0 = time.monotonic()
     try:
-        decision = _decision(design, margin, max_requests_per_level, slo_ttft, slo_tpot)
-        benchmark = _benchmark(levels, num_prompts, output_len, results, dataset, prompts_file, temperatures)
-        result = _run(compare_local_llamacpp(benchmark=benchmark, decision=decision))
+        decision = _decision(design, margin, max_requests_per_level, slo_ttft, slo_tpot, budget_minutes=budget_minutes,
+                             verify=verify)
+        benchmark = _benchmark(levels, num_prompts, output_len, results, dataset, prompts_file, temperatures, search)
+        result = _run(compare_engine(settings=engines.local_settings(), benchmark=benchmark, decision=decision))
     except SpecsweepError as exc:
         fail(exc)
     _print_comparison(result, t0)
 
 
-@app.command("compare-speculation")
 def compare_speculation(
-    engine: Annotated[str, typer.Option(help=f"One of {', '.join(engines.ENGINES)}.")] = "llamacpp",
+    engine: Engine = None,
     settings: Annotated[Optional[Path], typer.Option(
-        help="The engine's settings (JSON, as the flow's parameter; {\"simulate\": true} rehearses SGLang on "
-        "its simulator); default the local llama.cpp's.")] = None,
+        help="The engine's settings (JSON, as the flow's settings parameter; {\"engine\": \"sglang\", \"simulate\": "
+        "true} rehearses SGLang on its simulator); default the local llama.cpp's.")] = None,
     host_file: HostFile = None,
     levels: Levels = ",".join(map(str, _SWEEP.concurrency)),
     num_prompts: NumPrompts = _SWEEP.num_requests,
@@ -152,6 +179,8 @@ def compare_speculation(
     dataset: Dataset = "synthetic",
     prompts_file: PromptsFile = None,
     temperatures: Temperatures = None,
+    search: Search = None,
+    budget_minutes: BudgetMinutes = None,
     design: Design = LOCAL_DECISION.design,
     alternate_by: Annotated[str, typer.Option(help="side-by-side: the servers up at once; restart: one at a time, "
                                               "restarted per block (when they do not fit together).")]
@@ -159,7 +188,7 @@ def compare_speculation(
     margin: Margin = LOCAL_DECISION.margin,
     max_requests_per_level: Budget = LOCAL_DECISION.max_requests_per_level,
     verify: Annotated[bool, typer.Option(help="Then run the recommended per-batch setting against always on and "
-                                         "always off (vLLM, SGLang).")] = False,
+                                         f"always off ({_SWITCHING}).")] = False,
     verify_controller: Annotated[bool | None, typer.Option(
         "--verify-controller/--no-verify-controller",
         help="With --verify: also measure the engine's own speculation controller (SGLang --speculative-adaptive, "
@@ -169,9 +198,9 @@ def compare_speculation(
     slo_tpot: SloTpot = None,
     results: Results = LOCAL_BENCHMARK.results,
 ) -> None:
-    """Baseline vs speculation on any engine (compare-sglang-eagle3, compare-vllm, compare-local-llamacpp), with
-    the optional verify stage."""
-    from flows import compare_speculation as flows_  # Prefect loads with the command
+    """Baseline vs speculation on any engine (the compare-engine flow, as the deployments local, sglang and vllm
+    run it), with the optional verify stage."""
+    from flows.compare_speculation import compare_engine  # Prefect loads with the command
 
     setup_logging()
     t0 = time.monotonic()
@@ -180,18 +209,12 @@ def compare_speculation(
             raise ConfigError(f"--alternate-by must be side-by-side or restart (got {alternate_by!r})")
         chosen = _settings(engine, settings)
         decision = _decision(design, margin, max_requests_per_level, slo_ttft, slo_tpot, alternate_by=alternate_by,
-                             verify=verify, verify_controller=verify_controller)
+                             verify=verify, budget_minutes=budget_minutes, verify_controller=verify_controller)
         if verify:
-            engines.check_verifiable(engine, "--verify")
-        benchmark = _benchmark(levels, num_prompts, output_len, results, dataset, prompts_file, temperatures)
-        if isinstance(chosen, LlamaCppSettings):
-            run = flows_.compare_local_llamacpp(llamacpp=chosen, benchmark=benchmark, decision=decision)
-        elif isinstance(chosen, SGLangSettings):
-            run = flows_.compare_sglang_eagle3(sglang=chosen, host=host_config(host_file), benchmark=benchmark,
-                                               decision=decision)
-        else:
-            run = flows_.compare_vllm(vllm=chosen, host=host_config(host_file), benchmark=benchmark, decision=decision)
-        result = _run(run)
+            engines.check_verifiable(chosen.engine, "--verify")
+        benchmark = _benchmark(levels, num_prompts, output_len, results, dataset, prompts_file, temperatures, search)
+        result = _run(compare_engine(settings=chosen, host=host_config(host_file), benchmark=benchmark,
+                                     decision=decision))
     except SpecsweepError as exc:
         fail(exc)
     _print_comparison(result, t0)
@@ -207,26 +230,29 @@ def _grid(items: list[str]) -> dict[str, list[int | float]] | None:
     return grid or None
 
 
-def _settings(engine: str, path: Path | None) -> LlamaCppSettings | VLLMSettings | SGLangSettings:
-    if path is None and engine != "llamacpp":
-        raise ConfigError(f"--engine {engine} needs --settings FILE: the model and how to start it")
+def _settings(engine: str | None, path: Path | None) -> EngineSettings:
+    """The engine's settings from ``--settings`` (JSON) for the engine ``--engine`` names, else the file's own
+    ``engine``; without a file, the local llama.cpp's."""
     try:
         data: dict[str, Any] = json.loads(path.read_text()) if path else {}
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"--settings {path}: cannot read it as JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--settings {path}: give a JSON object (the engine's settings)")
+    name = engine or data.get("engine") or engines.LOCAL.name
+    chosen = engines.get(str(name), "--engine" if engine else f"--settings {path}: engine")
+    if path is None and chosen is not engines.LOCAL:
+        raise ConfigError(f"--engine {name} needs --settings FILE: the model and how to start it")
     try:
-        settings = engines.get(engine, "--engine").settings.model_validate(data)
+        return chosen.settings.model_validate({"engine": chosen.name, **data})
     except ValidationError as exc:
-        raise ConfigError(describe_validation_error(exc, f"--settings ({engine})")) from None
-    assert isinstance(settings, LlamaCppSettings | VLLMSettings | SGLangSettings)
-    return settings
+        raise ConfigError(describe_validation_error(exc, f"--settings ({chosen.name})")) from None
 
 
-@app.command("tune")
 def tune(
-    engine: Annotated[str, typer.Option(help=f"One of {', '.join(engines.ENGINES)}.")] = "llamacpp",
+    engine: Engine = None,
     settings: Annotated[Optional[Path], typer.Option(
-        help="The engine's settings (JSON, as the flow's parameter); default the local llama.cpp's.")] = None,
+        help="The engine's settings (JSON, as the flow's settings parameter); default the local llama.cpp's.")] = None,
     grid: Annotated[Optional[list[str]], typer.Option(
         help="A speculation field and its values, FIELD=V1,V2 (repeatable); default the engine's small grid.")] = None,
     host_file: HostFile = None,
@@ -248,11 +274,11 @@ def tune(
     try:
         chosen = _settings(engine, settings)
         points = _grid(grid or [])
-        grid_profiles({engine: chosen, "grid": points})  # a bad grid is refused before any flow run
+        grid_profiles(chosen, points)  # a bad grid is refused before any flow run
         decision = LOCAL_DECISION.model_copy(update={"design": "sequential", "margin": margin,
                                                      "max_requests_per_level": max_requests_per_level})
         result = _run(tune_speculation(
-            **{engine: chosen}, grid=points, host=host_config(host_file),  # type: ignore[arg-type]
+            settings=chosen, grid=points, host=host_config(host_file),
             benchmark=_benchmark(levels, num_prompts, output_len, results, dataset, prompts_file),
             decision=decision))
     except SpecsweepError as exc:
@@ -270,12 +296,12 @@ def _machine_lock(host: Host, wait_s: float) -> AbstractContextManager[None]:
     return cli_lock(host, wait_s)
 
 
-def main() -> None:
+def register(app: typer.Typer) -> HostGuard:
+    """The entry point (group ``specsweep.commands``): add the flows' commands to ``app``; the host lock is
+    what the server commands hold."""
     # A temporary local Prefect server has no network to report usage to: do not try.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    server_cli.host_guard = _machine_lock
-    app()
-
-
-if __name__ == "__main__":
-    main()
+    app.command("compare-local")(compare_local)
+    app.command("compare-speculation")(compare_speculation)
+    app.command("tune")(tune)
+    return _machine_lock
