@@ -189,6 +189,11 @@ def compare_speculation(
     max_requests_per_level: Budget = LOCAL_DECISION.max_requests_per_level,
     verify: Annotated[bool, typer.Option(help="Then run the recommended per-batch setting against always on and "
                                          f"always off ({_SWITCHING}).")] = False,
+    verify_controller: Annotated[bool | None, typer.Option(
+        "--verify-controller/--no-verify-controller",
+        help="With --verify: also measure the engine's own speculation controller (SGLang --speculative-adaptive, "
+             "vLLM adaptive verification) and say whether the measured schedule beats, matches or loses to it. "
+             "Default: where the engine has one.")] = None,
     slo_ttft: SloTtft = None,
     slo_tpot: SloTpot = None,
     results: Results = LOCAL_BENCHMARK.results,
@@ -204,7 +209,7 @@ def compare_speculation(
             raise ConfigError(f"--alternate-by must be side-by-side or restart (got {alternate_by!r})")
         chosen = _settings(engine, settings)
         decision = _decision(design, margin, max_requests_per_level, slo_ttft, slo_tpot, alternate_by=alternate_by,
-                             verify=verify, budget_minutes=budget_minutes)
+                             verify=verify, budget_minutes=budget_minutes, verify_controller=verify_controller)
         if verify:
             engines.check_verifiable(chosen.engine, "--verify")
         benchmark = _benchmark(levels, num_prompts, output_len, results, dataset, prompts_file, temperatures, search)

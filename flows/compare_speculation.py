@@ -67,6 +67,9 @@ async def compare_speculation(baseline: ProfileParams, speculative: ProfileParam
         speculative = speculative.model_copy(update={"port": baseline.port + 1})  # both servers up at once
     if decision.verify:
         engines.check_verifiable(speculative.engine)
+        # The engine's own controller's arm, refused here where it cannot run or its launch breaks a rule.
+        for finding in engines.check_controller(speculative, decision):
+            logger.warning("verify: the engine's own controller: %s", finding)
     if benchmark.sweep.search is not None and decision.design != "alternate":
         raise ConfigError("benchmark.sweep.search chooses levels a round at a time: set decision.design to alternate "
                           "(the blocks of both configurations in turn)")

@@ -260,6 +260,12 @@ class BlockRow(Row):
     spec_drafted_per_step: float | None = Field(
         None, description="Draft tokens per verify step, mean over the level's steps: the depth an engine's own "
         "controller (adaptive tiers, a per-batch table) ran at. Per-request figures, else counters.")
+    controller_tier_mean: float | None = Field(
+        None, description="An engine's own speculation controller: its active tier (draft steps, where the "
+        "engine shows it: Engine.tier_at) sampled while the block ran, mean over the samples.")
+    controller_tiers: str | None = Field(
+        None, description="The same samples' distribution, as JSON: draft steps to the share of samples at them "
+        "(e.g. {\"1\": 0.25, \"7\": 0.75}).")
     spec_drafts: float | None = Field(None, description="Drafts the engine made in the level (/metrics difference).")
     spec_draft_tokens: float | None = None
     spec_accepted_tokens: float | None = None
@@ -358,7 +364,8 @@ class RunRow(Row):
     decision_json: str | None = Field(None, description="The comparison's decision settings (margin, budget).")
     verifies: str | None = Field(None, description="The verify stage: the comparison whose recommendation this run "
                                  "measured ('<baseline run id>--<speculative run id>').")
-    verify_arm: str | None = Field(None, description="The verify stage: off, on or schedule (the recommendation).")
+    verify_arm: str | None = Field(None, description="The verify stage: off, on, schedule (the recommendation) or "
+                                      "controller (the engine's own).")
     started_at: str | None = None
     ended_at: str | None = None
     time_to_ready_s: float | None = None

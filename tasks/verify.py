@@ -7,6 +7,11 @@ first to a private file on the host. An engine without a per-batch switch runs i
 in front of the two fixed policies' servers (so the three arms are up side by side). Each arm is a run of
 its own in the store (``verifies`` names the comparison, ``verify_arm`` the arm), so the comparison's runs
 stay as they were, and a retried flow run keeps what the stage finished.
+
+Where the engine has its own speculation controller (``Engine.controller``; ``decision.verify_controller``), a
+fourth arm runs the speculative profile with it (``engines.controller_setting``: SGLang's
+``--speculative-adaptive``, vLLM's adaptive verification), its config file written on the host as the
+recommendation's is.
 """
 
 from __future__ import annotations
@@ -17,11 +22,11 @@ import sys
 
 from prefect import get_run_logger
 
-from specsweep import designs
+from specsweep import designs, engines
 from specsweep.analysis import verify
 from specsweep.analysis.compare import Comparison
 from specsweep.analysis.decision import DecisionConfig
-from specsweep.engines.base import AS_RECOMMENDED, split_command, with_setting
+from specsweep.engines.base import AS_RECOMMENDED, OWN_CONTROLLER, PerBatchSetting, split_command, with_setting
 from specsweep.errors import ConfigError
 from specsweep.hosts import Host
 from specsweep.profiles import ServerProfile
@@ -61,10 +66,17 @@ def schedule_profile(spec: ServerProfile, comparison: Comparison, host: Host, ru
     """The speculative profile started with the recommendation (its file written on the host first)."""
     setting = comparison.setting
     assert setting is not None and setting.flags is not None
+    return setting_profile(spec, setting, host, run_id)
+
+
+def setting_profile(spec: ServerProfile, setting: PerBatchSetting, host: Host, run_id: str,
+                    suffix: str = AS_RECOMMENDED) -> ServerProfile:
+    """The speculative profile started with a setting's flags (its file written on the host first)."""
+    assert setting.flags is not None
     path = None
     if setting.file_name and setting.file_name in split_command(setting.flags):
         path = host.write_private_file(f"{run_id}-{setting.file_name}", json.dumps(setting.content).encode())
-    return with_setting(spec, setting, path)
+    return with_setting(spec, setting, path, suffix)
 
 
 async def verify_recommendation(run: Run, host: Host, base: Configuration, spec: Configuration, comparison: Comparison,
@@ -92,13 +104,23 @@ async def verify_recommendation(run: Run, host: Host, base: Configuration, spec:
         schedule = await asyncio.to_thread(schedule_profile, spec.profile, comparison, host, spec.job.run_id)
         if not restart:  # three servers side by side
             schedule = schedule.model_copy(update={"port": port})
-    check_allowed(run.host, [schedule])
+    profiles = [base.profile, spec.profile, schedule]
+    names = list(verify.ARMS)
+    if (own := engines.controller_setting(spec.profile, decision)) is not None:
+        controller = await asyncio.to_thread(setting_profile, spec.profile, own, host, spec.job.run_id, OWN_CONTROLLER)
+        engines.check_launch(controller, "decision.controller_config")
+        if not restart:  # side by side with the others
+            controller = controller.model_copy(update={"port": port + 1})
+        profiles.append(controller)
+        names.append(verify.CONTROLLER)
+        logger.info("verify: the engine's own controller as a fourth arm: %s (%s)", controller.name, own.flags)
+    check_allowed(run.host, profiles[2:])
     key = f"{base.job.run_id}--{spec.job.run_id}"
     logger.info("verify: %s (%s) against always off and always on, at %s", schedule.name,
                 setting.flags or f"specsweep route --off-from {setting.route_off_from}",
                 ", ".join(str(lv.concurrency) for lv in comparison.levels))
     arms = [ServerArm(run, host, await run.configuration(profile, host.label, verifies=(key, arm)))
-            for profile, arm in zip((base.profile, spec.profile, schedule), verify.ARMS, strict=True)]
+            for profile, arm in zip(profiles, names, strict=True)]
     # The levels the answer rests on (a search's steering levels are not among them), in their own order.
     levels = sorted({lv.concurrency for lv in comparison.levels} - set(comparison.steering))
     points = [Level(i, "concurrency", float(c)) for i, c in enumerate(levels)]

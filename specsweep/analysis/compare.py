@@ -24,7 +24,7 @@ from specsweep.analysis.slo import SLOView, requests_by_level, slo_view
 from specsweep.analysis.stats import Verdict, t_quantile
 from specsweep.analysis.traffic import COLUMNS as TRAFFIC_COLUMNS
 from specsweep.analysis.traffic import TrafficView, traffic_view
-from specsweep.analysis.verify import ARMS, Verification, verify_levels
+from specsweep.analysis.verify import ARMS, CONTROLLER, Verification, verify_levels
 from specsweep.bench.config import SweepConfig
 from specsweep.engines import PerBatchSetting, SpeculationSettings
 from specsweep.errors import ConfigError, MeasurementError
@@ -95,7 +95,8 @@ class Comparison(BaseModel):
                                             "available: its status and bound say which.")
     slo: SLOView | None = Field(None, description="Capacity and goodput within the decision's latency targets.")
     verification: Verification | None = Field(None, description="The verify stage: the recommended setting run by the "
-                                              "engine against always off and always on.")
+                                              "engine against always off and always on (and the engine's own "
+                                              "controller, where that arm ran).")
     traffic: TrafficView | None = Field(None, description="Per category of prompt and level, output lengths, and "
                                         "whether speculation kept the greedy outputs.")
     notes: list[str] = Field(default_factory=list)
@@ -342,6 +343,7 @@ def compare_runs(store: ResultsStore, baseline_run_id: str, speculative_run_id: 
         comp.notes.append("The two configurations were not sent the same prompts at " + ", ".join(differ) +
                           " (their prompt digests differ: another workload, seed or tokenizer): the comparison there is "
                           "not paired by prompt.")
+    speculation = engines.speculation_of(spec_run.command, spec_run.engine)
     comp.traffic = traffic_view(store.request_fields(baseline_run_id, TRAFFIC_COLUMNS),
                                 store.request_fields(speculative_run_id, TRAFFIC_COLUMNS), base_rows, spec_rows,
                                 margin=decision.margin, names=(base_run.config_name, spec_run.config_name),
@@ -350,9 +352,10 @@ def compare_runs(store: ResultsStore, baseline_run_id: str, speculative_run_id: 
                                 confidence=lambda categories: decision.interval_confidence(
                                     num_requests, max(len(comp.levels) + len(comp.unanswered), answer_levels),
                                     categories, paired=paired),
-                                unanswered=comp.unanswered)
+                                unanswered=comp.unanswered,
+                                lossy_verifier=speculation.lossy_verifier if speculation is not None else None)
     comp.notes += comp.traffic.notes
-    comp = with_engine_setting(comp, engines.speculation_of(spec_run.command, spec_run.engine))
+    comp = with_engine_setting(comp, speculation)
     comp.verification = verification_of(store, comp, decision, num_requests)
     comp = refuted_if_short(comp)
     if decision.slo is not None:
@@ -373,13 +376,24 @@ def verification_of(store: ResultsStore, comp: Comparison, decision: DecisionCon
     for rid in store.run_ids():
         if rid.endswith(f"-verify-{suffix}") and (row := store.run(rid)).verifies == key and row.verify_arm:
             ids[row.verify_arm], commands[row.verify_arm] = rid, row.command or ""
-    if set(ids) != set(ARMS):
+    if not set(ARMS) <= set(ids):
         return None
-    rows = {arm: store.level_rows(ids[arm]) for arm in ARMS}
-    v = verify_levels(rows["off"], rows["on"], rows["schedule"], off_from=comp.recommendation.speculation_off_from,
-                      setting=commands["schedule"], decision=decision, num_requests=num_requests)
+    rows = {arm: store.level_rows(ids[arm]) for arm in ids}
+    v = verify_levels(rows["off"], rows["on"], rows["schedule"], rows.get(CONTROLLER),
+                      off_from=comp.recommendation.speculation_off_from, setting=commands["schedule"],
+                      decision=decision, num_requests=num_requests, controller_setting=commands.get(CONTROLLER),
+                      setting_cost=_setting_cost(comp))
     v.runs = ids
     return v
+
+
+def _setting_cost(comp: Comparison) -> str | None:
+    """The engine's known cost of its per-batch setting (Engine.per_batch_cost), where the verify stage ran
+    that setting on the engine itself (not behind the router)."""
+    setting = comp.setting
+    if setting is None or not setting.flags or setting.engine not in engines.ENGINES:
+        return None
+    return engines.ENGINES[setting.engine].per_batch_cost
 
 
 def prompts_differ(base: list[BlockRow], spec: list[BlockRow]) -> list[str]:

@@ -26,7 +26,7 @@ import functools
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -86,6 +86,15 @@ class DecisionConfig(BaseModel):
     verify: bool = Field(
         False, description="After a decided answer, start the engine with the recommended per-batch setting and "
         "measure it at the same levels in turn with always-on and always-off (specsweep.analysis.verify).")
+    verify_controller: bool | None = Field(
+        None, description="With verify: also measure the engine's own speculation controller as a fourth arm (adaptive "
+        "tiers, adaptive verification: the engine's docs in docs/engines.md) and say per level whether the measured "
+        "schedule beats, "
+        "matches or loses to it. None: where the engine has one; false: never; true: refused where it has none.")
+    controller_config: dict[str, Any] | None = Field(
+        None, description="The engine's own controller's config for that arm, in the engine's own keys (the file its "
+        "adaptive flag loads, e.g. candidate_steps and ema_alpha; or keys merged into its speculative config, e.g. "
+        "num_speculative_tokens_per_batch_size). None: the engine's defaults.")
 
     @model_validator(mode="before")
     @classmethod
@@ -106,9 +115,11 @@ class DecisionConfig(BaseModel):
         return _interval_confidence(self.alpha, self.min_blocks, self.max_blocks(num_requests), max(1, levels),
                                     categories, paired)
 
-    def look_confidence(self, num_requests: int) -> float:
-        """The confidence of one level's interval, alone (the verify stage's)."""
-        return self.interval_confidence(num_requests)
+    def look_confidence(self, num_requests: int, comparisons: int = 1) -> float:
+        """The confidence of one of the verify stage's intervals at a level: its levels' share of alpha split by
+        Bonferroni over the ``comparisons`` each level makes (the schedule against the better fixed policy, and
+        against the engine's own controller where that arm runs); each level's looks held together exactly."""
+        return self.interval_confidence(num_requests, levels=comparisons)
 
 
 @functools.lru_cache(maxsize=4096)

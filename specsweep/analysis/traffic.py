@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -83,6 +83,12 @@ class TrafficView(BaseModel):
     recommendations: dict[str, Recommendation] = Field(default_factory=dict, description="Per category.")
     lengths: list[OutputLengths] = Field(default_factory=list)
     lossless: list[Lossless] = Field(default_factory=list, description="At temperature 0 only.")
+    lossless_check: Literal["passed", "failed", "not run"] = Field(
+        "not run", description="The temperature-0 output check: passed where every level kept at least "
+        "LOSSLESS_MIN_SHARE of the outputs; failed where one did not, or where the speculative configuration's "
+        "verifier is lossy by its settings (whatever share matched); not run without greedy pairs.")
+    lossy_verifier: str | None = Field(None, description="The lossy verifier the speculative configuration's "
+                                       "settings name (SpeculationSettings.lossy_verifier, from its launch command).")
     notes: list[str] = Field(default_factory=list)
 
     @property
@@ -134,17 +140,22 @@ def traffic_view(base_frame: Iterable[Mapping[str, Any]], spec_frame: Iterable[M
                  base_rows: Sequence[BlockRow], spec_rows: Sequence[BlockRow], *, margin: float,
                  names: tuple[str, str] = ("baseline", "speculative"),
                  batch: Mapping[int, tuple[float | None, float | None]] | None = None,
-                 confidence: float | Callable[[int], float] = 0.95, unanswered: Sequence[int] = ()) -> TrafficView:
+                 confidence: float | Callable[[int], float] = 0.95, unanswered: Sequence[int] = (),
+                 lossy_verifier: str | None = None) -> TrafficView:
     """``batch``: per concurrency, the running batch the speculative engine reported there (mean, max), which
     every category's answer states its engine setting in, as the level's own answer does. ``confidence``: of
     each interval, or, given the number of categories (the mix as sent among them), the confidence that holds
     them all together with the levels' own answer (``DecisionConfig.interval_confidence``: the categories
     share part of the comparison's alpha, Bonferroni over categories and levels, the looks held together): a
     category's answer is under the same error control as the level's. ``unanswered``: the levels with no block
-    counted (``Comparison.unanswered``), open in every category's answer too."""
+    counted (``Comparison.unanswered``), open in every category's answer too. ``lossy_verifier``: the lossy
+    verifier the speculative configuration's settings name: the temperature-0 output check fails it and says so,
+    however many outputs matched (a lossy verifier may keep short greedy answers by chance; it keeps none by
+    rule)."""
     counted = _counted(base_rows) & _counted(spec_rows)
     base, spec = _measured(base_frame, counted), _measured(spec_frame, counted)
-    view = TrafficView(source=next((r.prompt_source for r in spec_rows if r.prompt_source), None))
+    view = TrafficView(source=next((r.prompt_source for r in spec_rows if r.prompt_source), None),
+                       lossy_verifier=lossy_verifier)
     pairs: dict[tuple[str, int], list[tuple[int, float, float]]] = defaultdict(list)  # (round, base, spec)
     steps: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
     drafts: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)  # (accepted, drafted)
@@ -210,6 +221,14 @@ def traffic_view(base_frame: Iterable[Mapping[str, Any]], spec_frame: Iterable[M
         view.notes.append("Real prompts were forced past their natural end (ignore_eos): outputs there drift from what "
                           "the model would say, and acceptance with them.")
     lossy = [lv for lv in view.lossless if lv.share < LOSSLESS_MIN_SHARE]
+    view.lossless_check = "failed" if lossy or (lossy_verifier and greedy) else "passed" if view.lossless \
+        else "not run"
+    if lossy_verifier and greedy and not lossy:
+        matched = ", ".join(f"{lv.same} of {lv.pairs} at C={lv.concurrency}" for lv in view.lossless) or "no pairs"
+        view.notes.append(f"Not like for like: the speculative configuration's verifier is lossy by its settings "
+                          f"({lossy_verifier}), so the temperature-0 output check fails it whatever share of outputs "
+                          f"matched ({matched}): it does not promise the target's outputs. Measure with a lossless "
+                          "verifier to compare like for like.")
     if lossy:
         view.notes.append("Not like for like: at temperature 0 the speculative server changed the outputs of "
                           + ", ".join(f"{lv.pairs - lv.same} of {lv.pairs} prompts at C={lv.concurrency}" for lv in lossy)

@@ -10,12 +10,13 @@ and the command line's engine settings (``EngineSettingsParam``) are the form of
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import GetCoreSchemaHandler
 from pydantic_core import CoreSchema, core_schema
 
 from specsweep.engines.base import (
+    OWN_CONTROLLER,
     Engine,
     EngineSettings,
     LaunchFinding,
@@ -24,13 +25,17 @@ from specsweep.engines.base import (
     ServerInfo,
     SpeculationSettings,
     split_command,
+    with_setting,
 )
 from specsweep.engines.llamacpp import ENGINE as LLAMACPP
 from specsweep.engines.sglang import ENGINE as SGLANG
 from specsweep.engines.vllm import ENGINE as VLLM
 from specsweep.errors import ConfigError
-from specsweep.profiles import ServerProfile
+from specsweep.profiles import ProfileParams, ServerProfile
 from specsweep.records import RequestRecord
+
+if TYPE_CHECKING:
+    from specsweep.analysis.decision import DecisionConfig
 
 ENGINES: dict[str, Engine] = {}
 CUSTOM = "custom"
@@ -128,7 +133,45 @@ def check_verifiable(name: str, what: str = "decision.verify") -> None:
         raise ConfigError(f"{what}: {why} Leave verify off for {ENGINES[name].label}.")
 
 
-def check_launch(profile: ServerProfile, what: str = "profile") -> list[LaunchFinding]:
+def tier_reader(name: str) -> tuple[str, Callable[[dict[str, Any]], int | None]] | None:
+    """Where the engine shows its own controller's active tier and how to read it from the answer (None: nowhere,
+    or not an engine specsweep knows)."""
+    engine = ENGINES.get(name)
+    return (engine.tier_at, engine.controller_tier) if engine is not None and engine.tier_at else None
+
+
+def controller_setting(profile: ProfileParams, decision: DecisionConfig,
+                       what: str = "decision.verify_controller") -> PerBatchSetting | None:
+    """How the verify stage starts the speculative profile with its engine's own controller (the fourth arm), or
+    None where that arm does not run: turned off, or (left to its default) an engine without a controller or a
+    launch it cannot take. ``verify_controller: true`` where it cannot run: a ConfigError saying why."""
+    if decision.verify_controller is False:
+        return None
+    engine = ENGINES.get(profile.engine)
+    setting = engine.controller_setting(profile.argv, decision.controller_config) \
+        if engine is not None and engine.controller else None
+    if setting is None or not setting.flags:
+        if decision.verify_controller:
+            why = (" ".join(setting.notes) if setting is not None else
+                   f"{engine.label if engine else profile.engine} has no speculation controller of its own specsweep "
+                   "knows.")
+            raise ConfigError(f"{what}: {why} Leave verify_controller unset (or false) for this profile.")
+        return None
+    return setting
+
+
+def check_controller(profile: ProfileParams, decision: DecisionConfig) -> list[LaunchFinding]:
+    """Before anything runs: the verify stage's fourth arm as it will start (``controller_setting``), checked by its
+    engine's launch rules (a ConfigError naming every refused rule, e.g. a per-batch table under data
+    parallelism); the warnings returned. Nothing where the arm does not run."""
+    setting = controller_setting(profile, decision)
+    if setting is None:
+        return []
+    started = with_setting(profile, setting, setting.file_name, OWN_CONTROLLER)  # the file's name stands for its path
+    return check_launch(started, "decision.controller_config")
+
+
+def check_launch(profile: ProfileParams, what: str = "profile") -> list[LaunchFinding]:
     """Check a profile's launch command by its engine's rules before any host is touched: a ConfigError naming
     every refused rule; the warnings returned (for the run's log and report)."""
     if profile.engine not in ENGINES:

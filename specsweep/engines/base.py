@@ -21,13 +21,13 @@ import json
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from specsweep.engines.flags import FlagTable
 from specsweep.errors import ConfigError
-from specsweep.profiles import ServerProfile
+from specsweep.profiles import ProfileParams, ServerProfile
 from specsweep.records import RequestRecord
 
 
@@ -148,6 +148,14 @@ class Engine:
     #: Flags that make its server run code of the model's or the request's choosing: refused by a worker's
     #: default policy, in any spelling its parser takes.
     code_flags: ClassVar[tuple[str, ...]] = ("--trust-remote-code",)
+    #: Its own speculation controller, named for people (None: it has none): the verify stage's fourth arm starts
+    #: the speculative profile with it (``controller_setting``) beside off, on and the measured schedule.
+    controller: ClassVar[str | None] = None
+    #: Why its per-batch setting may cost speed even where it runs the same K as always-on (None: no known cost):
+    #: the verify stage then reports the setting against always-on at the lowest level on its own.
+    per_batch_cost: ClassVar[str | None] = None
+    #: Where (GET, JSON) its controller's active tier is shown while it runs (``specsweep.server.controller_state``).
+    tier_at: ClassVar[str | None] = None
 
     def presets(self) -> Mapping[str, Preset]:
         return {}
@@ -174,6 +182,18 @@ class Engine:
                           k_max: int) -> PerBatchSetting | None:
         """The recommendation (K from each batch size in ``starts``; 0: off) in the form this engine
         loads; None when it has no per-batch switch."""
+        return None
+
+    def controller_setting(self, argv: Sequence[str], config: Mapping[str, Any] | None = None) -> PerBatchSetting | None:
+        """How to start the speculative launch command ``argv`` with the engine's own controller (with its default
+        configuration, or the user's ``config`` in the engine's own keys): flags (and a file) that replace the
+        profile's own, as ``with_setting`` applies them. None where it has no controller; a setting without flags
+        (its notes say why) where this launch cannot run it."""
+        return None
+
+    def controller_tier(self, info: dict[str, Any]) -> int | None:
+        """Its controller's active tier (draft steps) in the answer at ``tier_at``; None where the server does not
+        run its controller."""
         return None
 
     def __repr__(self) -> str:
@@ -210,6 +230,8 @@ def ranges(starts: Sequence[tuple[int, int]]) -> list[list[int]]:
 
 #: What a profile that runs a recommendation is called: the speculative profile's name and this.
 AS_RECOMMENDED = "-as-recommended"
+#: What a profile that runs the engine's own controller is called: the speculative profile's name and this.
+OWN_CONTROLLER = "-own-controller"
 
 
 def _flag_groups(args: Sequence[str]) -> list[list[str]]:
@@ -224,7 +246,11 @@ def _flag_groups(args: Sequence[str]) -> list[list[str]]:
     return groups
 
 
-def with_setting(profile: ServerProfile, setting: PerBatchSetting, file_path: str | None = None) -> ServerProfile:
+P = TypeVar("P", bound=ProfileParams)
+
+
+def with_setting(profile: P, setting: PerBatchSetting, file_path: str | None = None,
+                 suffix: str = AS_RECOMMENDED) -> P:
     """The speculative ``profile`` started with the recommendation: each of the setting's flags replaces the
     profile's own (or is added), the setting's file named by ``file_path`` (where the file was written on the
     host). A setting without flags is an engine without a per-batch switch: ConfigError."""
@@ -243,7 +269,7 @@ def with_setting(profile: ServerProfile, setting: PerBatchSetting, file_path: st
             groups.append(group)
         else:
             groups[at] = group
-    return profile.model_copy(update={"name": profile.name + AS_RECOMMENDED, "argv": [a for g in groups for a in g]})
+    return profile.model_copy(update={"name": profile.name + suffix, "argv": [a for g in groups for a in g]})
 
 
 def compact_json(data: Any) -> str:

@@ -119,6 +119,10 @@ def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 1 << 20
 
 
+def is_bool(value: Any) -> bool:
+    return isinstance(value, bool)
+
+
 def is_model(value: Any) -> bool:
     return isinstance(value, str) and model(value) is None
 

@@ -46,6 +46,8 @@ from specsweep.records import RequestRecord
 CLEANUP = [r"sglang::", r"sglang\.launch_server", r"-m specsweep\.targets\.sim\b"]
 SIM_MODULE = "specsweep.targets.sim"
 ADAPTIVE_FILE = "sglang-adaptive-config.json"
+#: The user's config of SGLang's own controller, written on the host for the verify stage's fourth arm.
+CONTROLLER_FILE = "sglang-adaptive-controller.json"
 _METHOD = {"EAGLE3": "eagle3", "EAGLE": "eagle", "NEXTN": "mtp", "MTP": "mtp"}
 
 
@@ -269,6 +271,8 @@ class SGLang(Engine):
     )
     request_fields = {"return_spec_tokens_details": True}
     cache_reset = "/flush_cache"
+    controller = "SGLang's adaptive speculation (--speculative-adaptive)"
+    tier_at = "/server_info"
 
     def presets(self) -> Mapping[str, Preset]:
         return {
@@ -329,6 +333,34 @@ class SGLang(Engine):
             f"added to an EAGLE/EAGLE3 launch (this run's speculation, {spec.method}, is not one)",)
         return PerBatchSetting(engine=self.name, file_name=ADAPTIVE_FILE, content=adaptive_config(starts), flags=flags,
                                notes=note)
+
+    def controller_tier(self, info: dict[str, Any]) -> int | None:
+        """``internal_states[0].speculative_num_steps`` of a server started with ``--speculative-adaptive`` (its
+        arguments say so, at the top or under ``server_args``); None from any other."""
+        nested = info.get("server_args")
+        args = nested if isinstance(nested, dict) else info
+        if not args.get("speculative_adaptive"):
+            return None
+        states = info.get("internal_states")
+        state = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
+        steps = state.get("speculative_num_steps")
+        return steps if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0 else None
+
+    def controller_setting(self, argv: Sequence[str], config: Mapping[str, Any] | None = None) -> PerBatchSetting | None:
+        """``--speculative-adaptive`` on the speculative launch: its documented default tiers, or the user's
+        config (``candidate_steps``, ``ema_alpha``, ... in SGLang's keys) as ``--speculative-adaptive-config``.
+        SGLang runs it with EAGLE/EAGLE3 at topk 1 only."""
+        spec = self.speculation(argv)
+        if spec is None or spec.method not in ("eagle", "eagle3") or (spec.eagle_topk or 1) != 1:
+            return PerBatchSetting(engine=self.name, notes=(
+                "SGLang's adaptive speculation runs EAGLE/EAGLE3 with --speculative-eagle-topk 1 only; this launch "
+                f"speculates {'nothing' if spec is None else f'{spec.method} at topk {spec.eagle_topk}'}.",))
+        if not config:
+            return PerBatchSetting(engine=self.name, flags="--speculative-adaptive",
+                                   notes=("SGLang's documented default tiers",))
+        return PerBatchSetting(engine=self.name, file_name=CONTROLLER_FILE, content=dict(config),
+                               flags=shlex.join(["--speculative-adaptive", "--speculative-adaptive-config",
+                                                 CONTROLLER_FILE]), notes=("the user's controller config",))
 
 
 ENGINE = SGLang()

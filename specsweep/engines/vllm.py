@@ -307,7 +307,9 @@ def _preset(method: str | None) -> Preset:
 #: What ``--speculative-config`` carries from specsweep's forms and recommendations.
 SPECULATIVE_KEYS = {"method": f.is_word, "model": f.is_model, "num_speculative_tokens": f.is_int,
                     "prompt_lookup_max": f.is_int, "prompt_lookup_min": f.is_int,
-                    "num_speculative_tokens_per_batch_size": f.is_ranges}
+                    "num_speculative_tokens_per_batch_size": f.is_ranges,
+                    # The verify stage's fourth arm: vLLM's own controller (adaptive verification).
+                    "enable_adaptive_verification": f.is_bool}
 
 
 class VLLM(Engine):
@@ -346,6 +348,10 @@ class VLLM(Engine):
     )
     #: Served where the server runs with VLLM_SERVER_DEV_MODE=1; elsewhere prompts are made unique per block.
     cache_reset = "/reset_prefix_cache"
+    controller = "vLLM's adaptive verification (enable_adaptive_verification), or a per-batch table"
+    per_batch_cost = ("vLLM's per-batch table changes how CUDA graphs are captured (PIECEWISE on Model Runner V1): "
+                      "users measured about 14 % lost at batch 1 against the same K without a table (vllm issue "
+                      "#49548)")
 
     def presets(self) -> Mapping[str, Preset]:
         return {name: _preset(method) for name, method in _PRESETS.items()}
@@ -385,6 +391,30 @@ class VLLM(Engine):
                           k_max: int) -> PerBatchSetting | None:
         cfg = schedule_config(spec, starts, k_max)
         return PerBatchSetting(engine=self.name, file_name=CONFIG_FILE, content=cfg, flags=flags_for(cfg))
+
+    def controller_setting(self, argv: Sequence[str], config: Mapping[str, Any] | None = None) -> PerBatchSetting | None:
+        """The speculative launch's ``--speculative-config`` with vLLM's own controller: adaptive verification
+        (``enable_adaptive_verification: true``, its start-up cost model) by default, or the user's keys merged in
+        (e.g. ``num_speculative_tokens_per_batch_size``: the per-batch table as the engine applies it)."""
+        text = flag(argv, "--speculative-config", "--speculative_config")
+        try:
+            cfg = json.loads(text) if text else None
+        except json.JSONDecodeError:
+            cfg = None
+        if not isinstance(cfg, dict):
+            return PerBatchSetting(engine=self.name, notes=("the launch has no --speculative-config JSON object to "
+                                                            "start vLLM's controller in",))
+        own = dict(config) if config else {"enable_adaptive_verification": True}
+        cfg = {**cfg, **own}
+        if "num_speculative_tokens_per_batch_size" in own:
+            try:
+                check_speculative_config(cfg)
+            except ValueError as exc:
+                raise ConfigError(f"decision.controller_config: {exc}. Give the table as vLLM takes it: "
+                                  "[[first, last, K], ...] from batch 1") from exc
+        note = ("the user's controller keys",) if config else (
+            "vLLM's adaptive verification: it needs Model Runner V2 and full CUDA graphs (not the CPU backend)",)
+        return PerBatchSetting(engine=self.name, flags=flags_for(cfg), notes=note)
 
 
 def _count(value: Any) -> int | None:

@@ -15,12 +15,14 @@ from typing import Any
 from specsweep.acceptance import speculation_profile
 from specsweep.analysis.compare import Comparison
 from specsweep.analysis.tuning import Tuning
+from specsweep.analysis.verify import ControllerCheck
 from specsweep.reports.markdown import (
     PHASE_COLUMNS,
     comparison_markdown,
     energy_levels,
     energy_markdown,
     phases_markdown,
+    recovery_markdown,
     tuning_markdown,
 )
 from specsweep.reports.plots import comparison_plots, tuning_plot
@@ -57,6 +59,9 @@ def recommendation_json(comp: Comparison) -> dict[str, Any]:
         "projected_tokens_per_s": {k: round(v, 2) for k, v in rec.projected_tokens_per_s.items()},
         "engine_setting": comp.setting.model_dump(mode="json") if comp.setting is not None else None,
         "verified": verification_json(comp),
+        "lossless_check": {"result": comp.traffic.lossless_check, "lossy_verifier": comp.traffic.lossy_verifier,
+                           "levels": [lv.model_dump() for lv in comp.traffic.lossless]}
+        if comp.traffic is not None else None,
         "slo": comp.slo.model_dump(mode="json") if comp.slo is not None else None,
     }
 
@@ -73,8 +78,23 @@ def verification_json(comp: Comparison) -> dict[str, Any]:
                         "interval": [round(lv.ratio_low, 4), round(lv.ratio_high, 4)]
                         if lv.ratio_low is not None and lv.ratio_high is not None else None,
                         "tokens_per_s": {"off": round(lv.off_tokens_per_s, 2), "on": round(lv.on_tokens_per_s, 2),
-                                         "schedule": round(lv.schedule_tokens_per_s, 2)}, "blocks": lv.blocks}
-                       for lv in v.levels]}
+                                         "schedule": round(lv.schedule_tokens_per_s, 2),
+                                         **({"controller": round(lv.controller.controller_tokens_per_s, 2)}
+                                            if lv.controller is not None else {})}, "blocks": lv.blocks,
+                        **({"against_controller": _against(lv.controller)} if lv.controller is not None else {})}
+                       for lv in v.levels],
+            "setting_cost": v.setting_cost.model_dump(mode="json") if v.setting_cost is not None else None,
+            "against_controller": None if v.against_controller is None else {
+                "result": v.against_controller, "summary": v.controller_summary, "setting": v.controller}}
+
+
+def _against(c: ControllerCheck) -> dict[str, Any]:
+    """The schedule against the engine's own controller at one level."""
+    return {"result": c.result, "ratio": round(c.ratio, 4),
+            "interval": [round(c.ratio_low, 4), round(c.ratio_high, 4)]
+            if c.ratio_low is not None and c.ratio_high is not None else None,
+            "controller_drafted_per_step": None if c.drafted_per_step is None else round(c.drafted_per_step, 3),
+            "controller_tier_mean": None if c.tier_mean is None else round(c.tier_mean, 3)}
 
 
 def tuning_json(tuning: Tuning) -> dict[str, Any]:
@@ -145,8 +165,12 @@ def _phases(comp: Comparison, store: ResultsStore) -> list[str]:
     if not comp.baseline_run_id or not comp.speculative_run_id:
         return []
     try:
-        return phases_markdown(store.request_fields(comp.baseline_run_id, PHASE_COLUMNS),
-                               store.request_fields(comp.speculative_run_id, PHASE_COLUMNS))
+        parts = phases_markdown(store.request_fields(comp.baseline_run_id, PHASE_COLUMNS),
+                                store.request_fields(comp.speculative_run_id, PHASE_COLUMNS))
+        v = comp.verification
+        if parts and v is not None and v.runs:  # the verify stage's arms after each shift, too
+            parts += recovery_markdown({arm: store.request_fields(rid, PHASE_COLUMNS) for arm, rid in v.runs.items()})
+        return parts
     except OSError:
         return []
 

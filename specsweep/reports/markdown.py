@@ -231,6 +231,52 @@ def phases_markdown(baseline: Sequence[Request], speculative: Sequence[Request])
             "them (a fixed setting does not)."]
 
 
+#: How the verify stage's arms are named in its tables.
+ARM_LABELS = {"off": "always off", "on": "always on", "schedule": "as recommended", "controller": "engine's controller"}
+
+
+def _halves(rows: Sequence[Request]) -> tuple[list[Request], list[Request]]:
+    """Each block's requests of a phase in two halves, in the order they were sent: (first halves, second halves)."""
+    blocks: dict[Any, list[Request]] = {}
+    for r in sorted(rows, key=lambda r: (r["repeat"], r["prompt_index"])):
+        blocks.setdefault(r["repeat"], []).append(r)
+    return ([r for b in blocks.values() for r in b[:len(b) // 2]], [r for b in blocks.values() for r in b[len(b) // 2:]])
+
+
+def _tpot_p50(rows: Sequence[Request]) -> float | None:
+    values = [float(t) for r in rows if isinstance(t := r.get("tpot_ms"), (int, float)) and t == t]
+    return statistics.median(values) if values else None
+
+
+def recovery_markdown(arms: Mapping[str, Sequence[Request]]) -> list[str]:
+    """How fast each of the verify stage's arms recovers after a shift: per level, phase and arm, TPOT p50 and
+    drafts per verify step in each block's first half of the phase against its second. An arm that has settled
+    by the first half shows the same figures in both; a controller still moving shows them change. Nothing where
+    the arms' requests had no phases."""
+    measured = {arm: [r for r in rows if not r.get("warmup") and r.get("phase") is not None
+                      and r.get("error_type") is None] for arm, rows in arms.items()}
+    if not any(measured.values()):
+        return []
+    keys = sorted({(float(r["level_value"]), int(r["phase"])) for rows in measured.values() for r in rows})
+    table = []
+    for value, phase in keys:
+        for arm, rows in sorted(measured.items(), key=lambda kv: list(ARM_LABELS).index(kv[0])
+                                if kv[0] in ARM_LABELS else len(ARM_LABELS)):
+            of = [r for r in rows if r["level_value"] == value and r["phase"] == phase]
+            if not of:
+                continue
+            first, second = _halves(of)
+            table.append([f"{value:g}", str(phase), str(of[0].get("category") or "-"), ARM_LABELS.get(arm, arm),
+                          f"{_f(_tpot_p50(first), 2)} -> {_f(_tpot_p50(second), 2)}",
+                          f"{_f(_drafts_per_step(first), 2)} -> {_f(_drafts_per_step(second), 2)}"])
+    return ["### Recovery after a shift (verify stage)",
+            markdown_table(["level", "phase", "category", "arm", "TPOT p50 ms (first half -> second)",
+                            "drafts per step (first half -> second)"], table),
+            "Each arm's requests of a phase, in each block's first half against its second: an arm that adapts to the "
+            "new traffic at once shows the same figures in both halves; one still catching up after the shift (an "
+            "engine's own controller warming up its average) shows them move between them."]
+
+
 def temperatures_markdown(comparisons: dict[str, Comparison]) -> str:
     """The answer at each temperature: the verdict per level and the recommendation, side by side."""
     cs = sorted({lv.concurrency for comp in comparisons.values() for lv in comp.levels})
@@ -285,8 +331,12 @@ def traffic_markdown(view: TrafficView | None) -> list[str]:
              "measured together share the machine's state, so a category needs rounds, not only prompts, to be "
              "decided.",
              "### Output lengths", lengths]
-    if view.lossless:
-        parts.append("### Same outputs at temperature 0\n\n" + ", ".join(
+    if view.lossless or view.lossless_check == "failed":
+        check = {"passed": "**Output check at temperature 0: passed.** ",
+                 "failed": "**Output check at temperature 0: failed" + (f" (lossy verifier: {view.lossy_verifier})"
+                                                                        if view.lossy_verifier else "") + ".** ",
+                 "not run": ""}[view.lossless_check]
+        parts.append("### Same outputs at temperature 0\n\n" + check + ", ".join(
             f"C={lv.concurrency}: {lv.same} of {lv.pairs} prompts ({lv.share:.0%})" for lv in view.lossless)
             + ". Speculative decoding verifies every token against the target: greedy outputs should match but for "
               "numerical noise.")
@@ -322,9 +372,37 @@ def verification_markdown(v: Verification | None) -> list[str]:
                                   and lv.ratio_high is not None else ""), lv.result, str(lv.blocks)] for lv in v.levels]
     table = markdown_table(["concurrency", "recommended", "always off tok/s", "always on tok/s", "as recommended tok/s",
                             "better fixed", "recommended / better [interval]", "result", "blocks each"], rows)
-    return ["### Verified?", f"**{v.summary}**", f"The engine ran: `{v.setting}`", table,
-            f"Each level: the recommended setting against the better of the two fixed policies, blocks of the three "
-            f"in turn (paired). It reaches the better one when the interval lies above 1 - {v.margin:.0%}."]
+    parts = ["### Verified?", f"**{v.summary}**", f"The engine ran: `{v.setting}`", table,
+             f"Each level: the recommended setting against the better of the two fixed policies, blocks of the "
+             f"{'four' if v.against_controller is not None else 'three'} arms in turn (paired). It reaches the better "
+             f"one when the interval lies above 1 - {v.margin:.0%}."]
+    if (cost := v.setting_cost) is not None:
+        ci = f" [{cost.ratio_low:.2f}, {cost.ratio_high:.2f}]" if cost.ratio_low is not None \
+            and cost.ratio_high is not None else ""
+        parts.append(f"**The setting's own cost at C={cost.concurrency}** (as recommended against always on, the same K: "
+                     f"reported on its own): ×{cost.ratio:.2f}{ci} ({cost.verdict}). Why it may cost: {cost.why}.")
+    return parts + controller_markdown(v)
+
+
+def controller_markdown(v: Verification) -> list[str]:
+    """The measured schedule against the engine's own controller (the verify stage's fourth arm), per level."""
+    if v.against_controller is None:
+        return []
+    rows = [[str(lv.concurrency), _f(lv.schedule_tokens_per_s), _f(lv.controller.controller_tokens_per_s),
+             f"{lv.controller.ratio:.2f}" + (f" [{lv.controller.ratio_low:.2f}, {lv.controller.ratio_high:.2f}]"
+                                             if lv.controller.ratio_low is not None
+                                             and lv.controller.ratio_high is not None else ""),
+             lv.controller.result, _f(lv.controller.drafted_per_step, 2), _f(lv.controller.tier_mean, 2)]
+            for lv in v.levels if lv.controller is not None]
+    table = markdown_table(["concurrency", "as recommended tok/s", "engine's controller tok/s",
+                            "recommended / controller [interval]", "the schedule", "controller drafts per step",
+                            "controller tier (mean)"], rows)
+    return ["### Against the engine's own controller", f"**{v.controller_summary}**",
+            f"The engine's controller ran: `{v.controller}`", table,
+            f"Each level: the measured schedule against the engine's own controller, blocks in the same rounds "
+            f"(paired). It beats the controller when the interval lies above 1, matches it within ±{v.margin:.0%}, "
+            f"loses when below 1, and is no better when it cannot gain more than {v.margin:.0%}. The level's two "
+            "intervals (against the better fixed policy, against the controller) share its error budget."]
 
 
 def batch_span(batch_from: int, batch_to: int) -> str:

@@ -144,6 +144,18 @@ def _print_verification(out: Console, v: Verification) -> None:
                       f"{lv.ratio:.2f}{ci} of {lv.better_fixed}", lv.result)
     out.print(table)
     out.print(v.summary, style="bold", markup=False)
+    if v.against_controller is not None:
+        own = Table(title="verify: the measured schedule against the engine's own controller")
+        for col in ("concurrency", "as recommended tok/s", "controller tok/s", "recommended / controller", "result"):
+            own.add_column(col, justify="left" if col == "result" else "right")
+        for lv in v.levels:
+            if (c := lv.controller) is not None:
+                ci = f" [{c.ratio_low:.2f}-{c.ratio_high:.2f}]" if c.ratio_low is not None and c.ratio_high is not None \
+                    else ""
+                own.add_row(str(lv.concurrency), f"{lv.schedule_tokens_per_s:,.1f}",
+                            f"{c.controller_tokens_per_s:,.1f}", f"{c.ratio:.2f}{ci}", c.result)
+        out.print(own)
+        out.print(v.controller_summary, style="bold", markup=False)
 
 
 def _configure(out: Console, lines: list[str]) -> None:

@@ -11,6 +11,7 @@ from specsweep.bench.remote import HostLoadGenerator
 from specsweep.bench.runner import Load, run_level
 from specsweep.records import Block, BlockRow, RequestRecord
 from specsweep.server import engine_metrics
+from specsweep.server.controller_state import TierSampler, tier_figures
 from specsweep.server.gpus import GpuWatch, level_gpu_figures
 from specsweep.sweep.disturbance import disturbance
 from specsweep.sweep.job import BenchTarget, SweepJob
@@ -18,6 +19,9 @@ from specsweep.sweep.prompts import _prompts, marked, request_for, warmup_worklo
 
 #: How often the engine's /metrics gauges are read while a level runs.
 ENGINE_SAMPLE_S = 0.25
+#: How often an engine's own controller's active tier (where it shows one) is read while a block runs: often
+#: enough that a short block (a fraction of a second on the simulator) holds a reading.
+CONTROLLER_SAMPLE_S = 0.1
 
 async def measure_level(
     target: BenchTarget,
@@ -53,19 +57,23 @@ async def measure_level(
         # The engine's gauges (its batch, queue, KV cache) are read here while the level runs, wherever
         # its load comes from; its counters right before and after the timed load.
         watch = gpus.fresh() if gpus is not None else None
+        reader = engines.tier_reader(target.engine)
+        tiers = TierSampler(api.get_json, *reader, interval_s=CONTROLLER_SAMPLE_S) if reader else None
         async with engine_metrics.Sampler(api.metrics_text, interval_s=ENGINE_SAMPLE_S) as sampler, \
-                watch or contextlib.nullcontext():
+                watch or contextlib.nullcontext(), tiers or contextlib.nullcontext():
             if on_host is not None:
                 run = await on_host.run(load, level)
             else:
                 run = await run_level(load, level, counters=api.engine_snapshot, on_request=on_request)
         run.engine_during = sampler.samples.within(run.started_at, run.started_at + run.client_wall_s)
     gpu = level_gpu_figures(watch.within(run.started_at, run.started_at + run.client_wall_s)) if watch else {}
+    # The engine's own controller's tier while the block ran (where it shows one).
+    tier = tier_figures(tiers.within(run.started_at, run.started_at + run.client_wall_s)) if tiers else {}
     row = metrics.level_row(run, config_name=job.config_name).model_copy(
         update={"prompts_digest": prompt_set.digest, "prompt_tokens_by": prompt_set.counted_by,
                 "prompt_source": workload.source, "endpoint": request.path_kind, "ignore_eos": request.ignore_eos,
                 "cache_reset": reset or ("unique prompts" if workload.source != "synthetic" else None),
-                "temperature": request.temperature, "top_p": request.top_p, **gpu})
+                "temperature": request.temperature, "top_p": request.top_p, **gpu, **tier})
     row = row.model_copy(update=metrics.energy_figures(row, run.records))  # GPU energy from the power sampled
     row = row.model_copy(update={"disturbed": disturbance(run, row.model_dump())})
     job.store.write_level(job.run_id, level.key, row, metrics.request_rows(run))

@@ -26,6 +26,8 @@ from tests.helpers.sshd import free_port
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 
+#: MT-Bench's coding questions ask for programs and functions; its role-play ones never do.
+CODE = r"(?i)program|function|implement|website|binary tree|sorted lists"
 IN_TURN = DecisionConfig(design="alternate", alternate_by="side-by-side", max_requests_per_level=96)
 
 
@@ -104,9 +106,11 @@ async def test_verify_runs_the_recommended_adaptive_file_against_both_fixed_poli
     port = free_port(span=3)  # three servers side by side
     base, spec = sim_pair(port, "tiny-fast")
     results = tmp_path / "results"
+    # The three arms alone: the engine's own controller (a fourth arm, on by default for SGLang) is the next test's.
     state = await compare_speculation(base, spec, benchmark=settings(results, [1, 16]), return_state=True,
                                       decision=IN_TURN.model_copy(update={"verify": True, "min_blocks": 3,
-                                                                              "max_requests_per_level": 240}))
+                                                                          "verify_controller": False,
+                                                                          "max_requests_per_level": 240}))
     comp = (await state.result()).comparison
     assert comp.recommendation.speculation_off_from == 16
     v = comp.verification
@@ -136,6 +140,57 @@ async def test_verify_runs_the_recommended_adaptive_file_against_both_fixed_poli
     assert all(pids_with_marker(p) == [] for p in (port, port + 1, port + 2))
 
 
+async def test_verify_measures_the_engines_own_controller_as_a_fourth_arm_on_traffic_that_shifts(tmp_path: Path) -> None:
+    # The simulator's model of SGLang's adaptive controller (its documented default tiers) on MT-Bench coding then
+    # role-play phases: code is accepted far better than role-play, so the controller moves between its tiers as
+    # the phases shift. Speeds on a shared machine are noisy: this test asserts what the answer says and where,
+    # not which arm is faster (the unit tests in tests/specsweep/test_verify_controller.py pin the verdicts).
+    port = free_port(span=4)  # four servers side by side
+    rules = ["--sim-accept-rule", f"{CODE}=3.8", "--sim-accept-rule", ".=1.2"]
+    base, spec = sim_pair(port, "tiny-fast", *rules)
+    results = tmp_path / "results"
+    shifting = WorkloadConfig(source="mt-bench", phases=["coding", "roleplay"], phase_requests=4, output_len=32)
+    benchmark = settings(results, [1, 8], num_requests=8).model_copy(update={"workload": shifting})
+    state = await compare_speculation(base, spec, benchmark=benchmark, return_state=True,
+                                      decision=IN_TURN.model_copy(update={"verify": True, "min_blocks": 2,
+                                                                          "max_requests_per_level": 16}))
+    comp = (await state.result()).comparison
+    v = comp.verification
+    assert v is not None and v.controller is not None, v
+    assert "--speculative-adaptive" in v.controller and "--speculative-adaptive-config" not in v.controller
+    assert v.against_controller in ("beats", "matches", "no better", "loses", "mixed", "undetermined")
+    assert [lv.concurrency for lv in v.levels] == [1, 8] and all(lv.controller is not None for lv in v.levels)
+    assert v.controller_summary.startswith(("The measured schedule", "Against the engine's own controller"))
+
+    store = ResultsStore(results)
+    runs = store.runs().set_index("run_id")
+    assert sorted(runs["verify_arm"].dropna()) == ["controller", "off", "on", "schedule"]
+    assert set(runs["status"]) == {"completed"}
+    # The controller's state over each block: its active tier sampled from /server_info, within its default tiers;
+    # the fixed policies (no --speculative-adaptive) carry none.
+    levels = pd.read_parquet(results / "levels")
+    own = levels[levels["config_name"] == "sglang-eagle3-own-controller"]
+    assert len(own) >= 4 and own["controller_tier_mean"].between(1, 7).all(), own["controller_tier_mean"]
+    assert all(set(json.loads(t)) <= {"1", "3", "7"} for t in own["controller_tiers"])
+    fixed = levels[levels["config_name"].isin(["sglang-baseline", "sglang-eagle3"])]
+    assert len(fixed) and fixed["controller_tier_mean"].isna().all()
+
+    folder = results / "reports" / f"{comp.baseline_run_id}--{comp.speculative_run_id}"
+    rec = json.loads((folder / "recommendation.json").read_text())
+    against = rec["verified"]["against_controller"]
+    assert against["result"] == v.against_controller and against["setting"] == v.controller
+    assert all(set(lv["tokens_per_s"]) == {"off", "on", "schedule", "controller"} for lv in rec["verified"]["levels"])
+    assert all(lv["against_controller"]["result"] in ("beats", "matches", "no better", "loses", "undetermined")
+               for lv in rec["verified"]["levels"])
+    report = (folder / "report.md").read_text()
+    assert "### Against the engine's own controller" in report and v.controller_summary in report
+    recovery = report.split("### Recovery after a shift (verify stage)")[1]
+    assert all(f"| {arm} |" in recovery for arm in ("always off", "always on", "as recommended",
+                                                    "engine's controller"))
+    assert "| coding |" in recovery and "| roleplay |" in recovery
+    assert all(pids_with_marker(p) == [] for p in (port, port + 1, port + 2, port + 3))
+
+
 async def test_verify_is_refused_before_anything_runs_where_the_engine_has_no_per_batch_switch(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from specsweep import engines
@@ -151,3 +206,20 @@ async def test_verify_is_refused_before_anything_runs_where_the_engine_has_no_pe
         await compare_speculation(base, spec, benchmark=settings(tmp_path / "results", [1]),
                                   decision=IN_TURN.model_copy(update={"verify": True}))
     assert not (tmp_path / "results").exists()
+
+
+async def test_a_refused_controller_arm_stops_the_comparison_before_any_host_is_touched(tmp_path: Path) -> None:
+    # vLLM's per-batch table as the engine's controller under data parallelism: vLLM drops it silently, so that
+    # arm would measure a fixed K while claiming the table. Refused before the (unreachable) host is resolved.
+    from specsweep.engines.vllm import baseline as vllm_baseline
+    from specsweep.engines.vllm import speculative as vllm_speculative
+    from specsweep.hosts import HostConfig
+
+    host = HostConfig.model_validate({"kind": "ssh", "ssh": {"hostname": "host.invalid", "user": "u"}})
+    spec = vllm_speculative("/m", "eagle3", draft_model="/d", k=3, extra_args=["--data-parallel-size", "2"])
+    results = tmp_path / "results"
+    with pytest.raises(ConfigError, match=r"decision.controller_config \(vllm-eagle3-own-controller\) is refused: "
+                                          r"\[per-batch-table-under-dp\]"):
+        await compare_speculation(vllm_baseline("/m"), spec, host, settings(results, [1]), DecisionConfig(
+            verify=True, controller_config={"num_speculative_tokens_per_batch_size": [[1, 8, 3], [9, 4096, 0]]}))
+    assert not results.exists()

@@ -140,3 +140,25 @@ def test_synthetic_text_is_said_not_to_represent_real_traffic() -> None:
     synthetic = rows(prompt_source="synthetic", ignore_eos=True)
     view = traffic_view(requests(speed, seed=1), requests(speed, seed=2), synthetic, synthetic, margin=0.03)
     assert any(n.startswith("Measured on synthetic text") for n in view.notes)
+
+
+def test_a_lossy_verifier_fails_the_output_check_even_where_its_greedy_outputs_matched() -> None:
+    speed = {("coding", 1): 50.0, ("coding", 8): 30.0}
+    kept = traffic_view(requests(speed, seed=1), requests(speed, seed=2), rows(), rows(), margin=0.03)
+    assert kept.lossless_check == "passed" and kept.lossy_verifier is None
+    # vLLM's rejection_sample_method fly: every greedy output happened to match here, yet it promises none.
+    view = traffic_view(requests(speed, seed=1), requests(speed, seed=2), rows(), rows(), margin=0.03,
+                        lossy_verifier="fly")
+    assert all(lv.share == 1.0 for lv in view.lossless)
+    assert view.lossless_check == "failed" and view.lossy_verifier == "fly"
+    assert any("lossy by its settings (fly)" in n and "12 of 12 at C=1" in n for n in view.notes)
+    text = "\n\n".join(traffic_markdown(view))
+    assert "**Output check at temperature 0: failed (lossy verifier: fly).**" in text
+    # Outputs that differ fail it too, lossy or not; at a temperature above 0 there is nothing to check.
+    spec = requests(speed, seed=2)
+    for rec in spec[::2]:
+        rec["output_digest"] = "other"
+    assert traffic_view(requests(speed, seed=1), spec, rows(), rows(), margin=0.03).lossless_check == "failed"
+    warm = rows(temperature=0.7)
+    assert traffic_view(requests(speed, seed=1), spec, warm, warm, margin=0.03,
+                        lossy_verifier="fly").lossless_check == "not run"

@@ -89,3 +89,23 @@ def test_a_lossy_verifiers_comparison_is_labelled_in_its_report(tmp_path: Path) 
     lossy = engines.speculation_of(_vllm(rejection_sample_method="fly").masked_command(), "vllm")
     text = comparison_markdown(comp.model_copy(update={"speculation": lossy}))
     assert "**Lossy verifier (fly)**: the speculative configuration does not keep the target model's outputs" in text
+
+
+def test_a_lossy_verifier_fails_the_output_check_of_its_comparison_and_recommendation_json_says_so(
+        tmp_path: Path) -> None:
+    from specsweep.analysis.compare import compare_runs
+    from specsweep.reports.folders import recommendation_json
+    from specsweep.results.store import ResultsStore
+    from tests.specsweep.test_compare import BASE, SPEC, store_pair
+
+    store = store_pair(tmp_path / "res", BASE, SPEC)
+    runs = ResultsStore(tmp_path / "res")
+    # The stored speculative run as vLLM started with rejection_sample_method fly.
+    row = runs.run("spec1").model_copy(update={"engine": "vllm", "command": _vllm(
+        rejection_sample_method="fly").masked_command()})
+    runs.write_run("spec1", row)
+    comp = compare_runs(store, "base1", "spec1")
+    assert comp.speculation is not None and comp.speculation.lossy_verifier == "fly"
+    assert comp.traffic is not None and comp.traffic.lossy_verifier == "fly"
+    check = recommendation_json(comp)["lossless_check"]
+    assert check == {"result": "failed", "lossy_verifier": "fly", "levels": []}
