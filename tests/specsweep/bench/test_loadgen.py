@@ -115,8 +115,9 @@ async def test_request_rate_mode_counts_latency_from_schedule(store: ResultsStor
 async def test_timeout_is_a_row(store: ResultsStore) -> None:
     with running_sim("--sim-profile", "tiny-fast", "--fault-stall-s", "3") as (url, _):
         target = BenchTarget(base_url=url, request=RequestSpec(timeout_s=1.0))
-        row = await measure(target, WorkloadConfig(output_len=10), SweepConfig(num_requests=2, warmup_requests=0),
-                                  store=store, run_id="t", mode="concurrency", value=2)
+        row = await measure(target, WorkloadConfig(output_len=10), SweepConfig(num_requests=2, warmup_requests=0,
+                                                                              requests_per_slot=0),
+                            store=store, run_id="t", mode="concurrency", value=2)
     assert row.failed == 2 and row.errors == "Timeout: 2"
 
 

@@ -96,7 +96,7 @@ def test_a_lossy_verifier_fails_the_output_check_of_its_comparison_and_recommend
     from specsweep.analysis.compare import compare_runs
     from specsweep.reports.folders import recommendation_json
     from specsweep.results.store import ResultsStore
-    from tests.specsweep.test_compare import BASE, SPEC, store_pair
+    from tests.specsweep.analysis.test_compare import BASE, SPEC, store_pair
 
     store = store_pair(tmp_path / "res", BASE, SPEC)
     runs = ResultsStore(tmp_path / "res")
