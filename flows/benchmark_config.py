@@ -12,7 +12,6 @@ from specsweep.sweep import repeats, run_levels
 from tasks.arms import ServerArm, record_environment
 from tasks.benchmark import run_concurrency_benchmark, warm_up
 from tasks.cleanup import benchmark_flow
-from tasks.host import hold_host
 from tasks.results import publish_configuration
 from tasks.run import ConfigurationResult, prepare_run
 from tasks.server import kill_server, start_server, wait_for_health
@@ -24,7 +23,7 @@ async def benchmark_config(profile: ProfileParams, host: HostConfig = HostConfig
     """Kill leftovers, start the server, wait until healthy, measure every level, kill the server."""
     run = await prepare_run([profile], host, benchmark)  # secrets read, host and inputs checked, results writable
     server = run.servers[0]
-    async with hold_host(run.host, host.block) as h:  # one benchmark per host at a time
+    async with run.hold() as h:  # one benchmark per host at a time
         config = await run.configuration(server, h.label)
         arm = ServerArm(run, h, config)
         if (rows := config.finished()) is None:  # else: an earlier try of this flow run measured it all

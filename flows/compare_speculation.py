@@ -31,7 +31,6 @@ from specsweep.parameters import LOCAL_BENCHMARK, LOCAL_DECISION, BenchmarkSetti
 from specsweep.profiles import ProfileParams
 from tasks.arms import ServerArm
 from tasks.cleanup import benchmark_flow
-from tasks.host import hold_host
 from tasks.results import compare_configurations, publish_configuration, publish_temperatures, record_history
 from tasks.run import ConfigurationResult, prepare_run
 from tasks.verify import verify_recommendation
@@ -76,7 +75,7 @@ async def compare_speculation(baseline: ProfileParams, speculative: ProfileParam
     budget = designs.Budget(decision.budget_minutes)
     run = await prepare_run([baseline, speculative], host, benchmark, decision)
     sweep = benchmark.sweep
-    async with hold_host(run.host, host.block) as h:  # one benchmark per host at a time
+    async with run.hold() as h:  # one benchmark per host at a time
         base = await run.configuration(run.servers[0], h.label)
         spec = await run.configuration(run.servers[1], h.label)
         planned = await asyncio.to_thread(

@@ -12,7 +12,6 @@ from specsweep.parameters import BenchmarkSettings, LifecycleConfig
 from specsweep.profiles import ProfileParams
 from specsweep.server.health import HealthReport
 from tasks.cleanup import benchmark_flow
-from tasks.host import hold_host
 from tasks.run import prepare_run
 from tasks.server import kill_server, start_server, wait_for_health
 
@@ -23,7 +22,7 @@ async def server_lifecycle(profile: ProfileParams, host: HostConfig = HostConfig
     """Start the server, report how long it took to be ready, and kill it."""
     run = await prepare_run([profile], host, BenchmarkSettings(stages=stages))
     server = run.servers[0]
-    async with hold_host(run.host, host.block) as h:
+    async with run.hold() as h:
         await kill_server(h, server, stages)  # leftovers of earlier runs
         async with start_server(h, server, run.request_for(server), stages, marker=run.marker) as started:
             return await wait_for_health(started)  # then kill_server, as the block ends

@@ -24,7 +24,6 @@ from specsweep.parameters import BenchmarkSettings
 from specsweep.profiles import ServerProfile
 from tasks.arms import ServerArm
 from tasks.cleanup import benchmark_flow
-from tasks.host import hold_host
 from tasks.results import publish_configuration, publish_tuning
 from tasks.run import ConfigurationResult, prepare_run
 
@@ -70,7 +69,7 @@ async def tune_speculation(settings: EngineSettingsParam = engines.local_setting
                 len(points), ", ".join(p.label for p, _ in points), base.name)
     run = await prepare_run([base, *(p for _, p in points)], host, benchmark, decision)
     sweep = benchmark.sweep
-    async with hold_host(run.host, host.block) as h:  # one benchmark per host at a time
+    async with run.hold() as h:  # one benchmark per host at a time
         configs = [await run.configuration(profile, h.label) for profile in run.servers]
         rows = await designs.sequential([ServerArm(run, h, c) for c in configs], run.levels, decision,
                                         sweep.num_requests, stop_at_saturation=sweep.stop_at_saturation)

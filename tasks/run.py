@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 
 from prefect.artifacts import acreate_progress_artifact, aupdate_progress_artifact
@@ -21,7 +22,7 @@ from specsweep import engines, policy
 from specsweep.analysis.decision import DecisionConfig
 from specsweep.bench.config import RequestSpec
 from specsweep.bench.workload import check_source
-from specsweep.hosts import HostConfig
+from specsweep.hosts import Host, HostConfig
 from specsweep.parameters import BenchmarkSettings, LifecycleConfig
 from specsweep.profiles import ProfileParams, ServerProfile
 from specsweep.records import BlockRow
@@ -30,6 +31,7 @@ from specsweep.results.run_record import RunRecorder, finished_run
 from specsweep.sweep import Level, SweepJob, new_run_row, sweep_levels
 from tasks._common import artifact_key
 from tasks.blocks import aresolve_host, aresolve_profile, aresolve_results, aresolve_secret, check_allowed
+from tasks.host import hold_host
 
 
 def flow_run() -> FlowRun:
@@ -69,6 +71,11 @@ class Run:
     host_block: str | None
     servers: list[ServerProfile]
     decision: DecisionConfig | None = None
+
+    def hold(self) -> AbstractAsyncContextManager[Host]:
+        """The run's host held (its machine's lock) and connected, as ``tasks.host.hold_host`` holds it, with the
+        ssh-host block it came from named in what it logs."""
+        return hold_host(self.host, self.host_block)
 
     @property
     def marker(self) -> str:
