@@ -269,6 +269,27 @@ class BatchLoop:
                 self.running = [r for r in self.running if r.emitted < r.max_tokens]
 
 
+@dataclass(frozen=True)
+class _Ask:
+    """A completion request as the simulator answers it."""
+
+    chat: bool
+    prompt: str
+    max_tokens: int
+    end: str
+    prompt_tokens: int
+    rid: str
+    created: int
+    model: str
+    obj: str
+    include_usage: bool
+    continuous: bool
+
+    def usage(self, produced: int) -> dict[str, int]:
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": produced,
+                "total_tokens": self.prompt_tokens + produced}
+
+
 #: Parsed arguments /server_info leaves out (a secret, and objects built from other arguments).
 _NOT_SHOWN = frozenset({"api_key", "adaptive_tiers", "adaptive_controller", "accept_rules", "speedups"})
 
@@ -479,95 +500,108 @@ class SimServer:
         return None
 
     async def openai(self, request: web.Request) -> web.StreamResponse:
-        chat = request.path.endswith("/chat/completions")
+        """``/v1/completions`` and ``/v1/chat/completions``: the request read (its faults and cold start first),
+        then answered whole or streamed."""
         if (denied := self._auth(request)) is not None:
             return denied
         body = await request.json()
         if (fault := self._check_generation_faults()) is not None:
             return fault
         await self._cold()
+        ask = self._ask(body, chat=request.path.endswith("/chat/completions"))
+        if not body.get("stream"):
+            return await self._whole(ask)
+        return await self._stream(request, ask, want_spec=bool(body.get("return_spec_tokens_details")) and
+                                  self.speculative)
+
+    def _ask(self, body: dict[str, Any], *, chat: bool) -> _Ask:
+        """What a completion request asks for: its prompt, how many tokens (up to its natural end unless
+        ignore_eos), and the ids and names its answer carries."""
         requested = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
         prompt = (" ".join(m.get("content", "") for m in body.get("messages", []) if isinstance(m.get("content"), str))
                   if chat else str(body.get("prompt", "")))
         max_tokens = requested if body.get("ignore_eos", False) else min(requested, natural_length(prompt))
-        end = "stop" if max_tokens < requested else "length"
         prompt_tokens = count_tokens(prompt)
         self.prompt_tokens_total += prompt_tokens
         self._look_up(prompt)
-        rid = self._new_id()
-        created = int(time.time())
-        model = body.get("model") or self.model_name()
         opts = body.get("stream_options") or {}
-        obj = "chat.completion.chunk" if chat else "text_completion"
-        if not body.get("stream"):
-            produced, text, steps = 0, "", 0
-            async for k, _ in self._tokens(max_tokens, prompt):
-                text += self._text(k, produced, prompt)
-                produced += k
-                steps += 1
-            self._finished_one()
-            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": produced, "total_tokens": prompt_tokens + produced}
-            choice: dict[str, Any] = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": end}
-                                      if chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": end})
-            return web.json_response({"id": rid, "object": "chat.completion" if chat else "text_completion",
-                                      "created": created, "model": model, "choices": [choice], "usage": usage})
+        return _Ask(chat=chat, prompt=prompt, max_tokens=max_tokens, end="stop" if max_tokens < requested else "length",
+                    prompt_tokens=prompt_tokens, rid=self._new_id(), created=int(time.time()),
+                    model=body.get("model") or self.model_name(),
+                    obj="chat.completion.chunk" if chat else "text_completion",
+                    include_usage=bool(opts.get("include_usage")), continuous=bool(opts.get("continuous_usage_stats")))
+
+    async def _whole(self, ask: _Ask) -> web.Response:
+        """The answer in one JSON body."""
+        produced, text = 0, ""
+        async for k, _ in self._tokens(ask.max_tokens, ask.prompt):
+            text += self._text(k, produced, ask.prompt)
+            produced += k
+        self._finished_one()
+        choice: dict[str, Any] = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": ask.end}
+                                  if ask.chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": ask.end})
+        return web.json_response({"id": ask.rid, "object": "chat.completion" if ask.chat else "text_completion",
+                                  "created": ask.created, "model": ask.model, "choices": [choice],
+                                  "usage": ask.usage(produced)})
+
+    async def _stream(self, request: web.Request, ask: _Ask, *, want_spec: bool) -> web.StreamResponse:
+        """The answer as server-sent events, a token (or a verify step's tokens) at a time, with the faults the
+        simulator was asked for (a cut, a malformed line, a stall, a trickle)."""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        times = self._times(rid)
-        cut_at = self._fault_at(self.faults.cut_rate, max_tokens)
-        malformed_at = self._fault_at(self.faults.malformed_rate, max_tokens)
-        stall_at = max_tokens // 2 if self.faults.stall_s else None
-        produced = 0
-        continuous = bool(opts.get("continuous_usage_stats"))
+        times = self._times(ask.rid)
+        cut_at = self._fault_at(self.faults.cut_rate, ask.max_tokens)
+        malformed_at = self._fault_at(self.faults.malformed_rate, ask.max_tokens)
+        stall_at = ask.max_tokens // 2 if self.faults.stall_s else None
         out: web.StreamResponse | _Trickle = _Trickle(resp, self.faults.trickle_s) if self.faults.trickle_s else resp
         faulty = cut_at or malformed_at or stall_at or self.faults.trickle_s
         if self.profile.direct and not self.profile.token_interval_s and not faulty:
-            await self._instant_stream(resp, rid, obj, created, model, chat, prompt_tokens, max_tokens, continuous, times,
-                                       end)
-            if opts.get("include_usage"):
-                usage = {"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens,
-                         "total_tokens": prompt_tokens + max_tokens}
-                await out.write(b"data: " + orjson.dumps({"id": rid, "object": obj, "created": created, "model": model,
-                                                           "choices": [], "usage": usage}) + b"\n\n")
-            await out.write(b"data: [DONE]\n\n")
-            self._finished_one()
+            await self._instant_stream(resp, ask.rid, ask.obj, ask.created, ask.model, ask.chat, ask.prompt_tokens,
+                                       ask.max_tokens, ask.continuous, times, ask.end)
+            await self._end(out, ask, ask.max_tokens)
             return resp
-        want_spec = bool(body.get("return_spec_tokens_details")) and self.speculative
-        steps = drafted = 0
-        async for k, d in self._tokens(max_tokens, prompt):
-            text = self._text(k, produced, prompt)
-            produced += k
-            steps += 1
-            drafted += d
-            finish = end if produced >= max_tokens else None
-            choice = ({"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": finish}
-                      if chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": finish})
-            event: dict[str, Any] = {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice]}
-            if continuous:
-                event["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": produced,
-                                  "total_tokens": prompt_tokens + produced}
-            if finish and want_spec:
-                event["sglext"] = {"spec_tokens_details": self._spec_details(produced, steps, drafted)}
-            await out.write(b"data: " + orjson.dumps(event) + b"\n\n")
-            now = _perf()
-            times.extend([now] * k)
+        produced = steps = drafted = 0
+        async for k, d in self._tokens(ask.max_tokens, ask.prompt):
+            text = self._text(k, produced, ask.prompt)
+            produced, steps, drafted = produced + k, steps + 1, drafted + d
+            await out.write(b"data: " + orjson.dumps(self._event(ask, text, produced, steps, drafted, want_spec))
+                            + b"\n\n")
+            times.extend([_perf()] * k)
             if malformed_at is not None and produced >= malformed_at:
                 malformed_at = None
-                await out.write(b'data: {"id": "' + rid.encode() + b'", "choices": [\n\n')
+                await out.write(b'data: {"id": "' + ask.rid.encode() + b'", "choices": [\n\n')
             if cut_at is not None and produced >= cut_at:
-                log.warning("fault: cutting request %s off after %d tokens", rid, produced)
+                log.warning("fault: cutting request %s off after %d tokens", ask.rid, produced)
                 request.transport.close() if request.transport else None
                 return resp
             if stall_at is not None and produced >= stall_at:
                 stall_at = None
                 await asyncio.sleep(self.faults.stall_s)
-        if opts.get("include_usage"):
-            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": produced, "total_tokens": prompt_tokens + produced}
-            await out.write(b"data: " + orjson.dumps({"id": rid, "object": obj, "created": created, "model": model,
-                                                       "choices": [], "usage": usage}) + b"\n\n")
+        await self._end(out, ask, produced)
+        return resp
+
+    def _event(self, ask: _Ask, text: str, produced: int, steps: int, drafted: int, want_spec: bool) -> dict[str, Any]:
+        """One streamed event: the text of a verify step; the finish reason, and SGLang's speculation figures where
+        asked, on the last."""
+        finish = ask.end if produced >= ask.max_tokens else None
+        choice = ({"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": finish}
+                  if ask.chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": finish})
+        event: dict[str, Any] = {"id": ask.rid, "object": ask.obj, "created": ask.created, "model": ask.model,
+                                 "choices": [choice]}
+        if ask.continuous:
+            event["usage"] = ask.usage(produced)
+        if finish and want_spec:
+            event["sglext"] = {"spec_tokens_details": self._spec_details(produced, steps, drafted)}
+        return event
+
+    async def _end(self, out: web.StreamResponse | _Trickle, ask: _Ask, produced: int) -> None:
+        """The stream's end: the usage event where asked, then [DONE]."""
+        if ask.include_usage:
+            await out.write(b"data: " + orjson.dumps({"id": ask.rid, "object": ask.obj, "created": ask.created,
+                                                       "model": ask.model, "choices": [],
+                                                       "usage": ask.usage(produced)}) + b"\n\n")
         await out.write(b"data: [DONE]\n\n")
         self._finished_one()
-        return resp
 
     def _fault_at(self, rate: float, max_tokens: int) -> int | None:
         """The token after which a fault hits this request, or None (it hits a ``rate`` share of requests)."""
