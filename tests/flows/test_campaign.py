@@ -1,0 +1,52 @@
+"""The campaign flow under a real (temporary) Prefect server: one comparison on each host at once, each a subflow
+of its own; a host that fails is retried on its own and reported, never stopping the others; the report gives one
+answer per kind of host; a retried campaign measures only what did not finish."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flows.campaign import campaign
+from specsweep.analysis.decision import DecisionConfig
+from specsweep.bench.config import SweepConfig, WorkloadConfig
+from specsweep.engines.sglang import SGLangSettings
+from specsweep.hosts import HostConfig, SSHEndpoint
+from specsweep.parameters import BenchmarkSettings
+from tests.conftest import pids_with_marker
+from tests.helpers.logs import flow_logs
+from tests.helpers.sshd import free_port
+
+pytestmark = pytest.mark.usefixtures("prefect_harness")
+
+
+async def test_a_campaign_answers_per_kind_and_reports_a_host_that_fails_without_stopping_the_others(
+        tmp_path: Path) -> None:
+    port = free_port(span=2)
+    settings = SGLangSettings(simulate=True, sim_profile="tiny-fast", port=port, model_path="/models/kimi",
+                              draft_model_path="/models/eagle3")
+    # The second host is refused before anything is sent to it (no such host in the worker's policy): it fails, is
+    # tried again on its own, and is reported.
+    gone = HostConfig(kind="ssh", ssh=SSHEndpoint(hostname="gpu-gone.invalid", user="bench",
+                                                  key_path=tmp_path / "no-key", connect_timeout_s=1))
+    results = tmp_path / "results"
+    benchmark = BenchmarkSettings(workload=WorkloadConfig(input_len=16, output_len=32), results=str(results),
+                                  sweep=SweepConfig(concurrency=[1, 16], num_requests=16, warmup_requests=2))
+    state = await campaign(hosts=[HostConfig(), gone], settings=settings, benchmark=benchmark,  # type: ignore[arg-type]
+                           decision=DecisionConfig(design="alternate", alternate_by="side-by-side",
+                                                   max_requests_per_level=96),
+                           host_retries=1, return_state=True)
+    assert state.is_completed(), state
+    result = await state.result()
+    local, failed = result.hosts
+    assert local.host == "local" and local.error is None and local.off_from == 16
+    assert failed.error is not None and "gpu-gone.invalid" in failed.error
+    (kind,) = result.kinds
+    assert kind.hosts == ["local"] and kind.recommendation.speculation_off_from == 16 and not kind.flagged
+    assert "## Campaign: one answer per kind of host" in result.report and "| local |" in result.report
+    logs = "\n".join(await flow_logs(state.state_details.flow_run_id))
+    assert "try 1 of 2 failed" in logs and "try 2 of 2 failed" in logs
+    records = list((results / "campaigns").glob("*/*.json"))
+    assert [p.name for p in records] == ["0.json"]  # the host that finished, for a retried campaign
+    assert pids_with_marker(port) == [] and pids_with_marker(port + 1) == []
