@@ -1,5 +1,5 @@
 """How often the answer is right, and how often it is decided: simulated comparisons with known ratios through
-the product's own decision code (``tests/helpers/known_answer.py``; the test is tests/specsweep/test_known_answer.py).
+the product's own decision code (``tests/helpers/known_answer.py``; the test is tests/specsweep/analysis/test_known_answer.py).
 
     .venv/bin/python benchmarks/known_answer.py [--runs 2000] [--seed 43] [--budget-rounds 24]
 

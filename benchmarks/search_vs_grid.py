@@ -97,7 +97,7 @@ async def one(seed: int, noise: float, decision: DecisionConfig) -> tuple[str, s
     grid = compare_levels(*grid_rows, decision=decision, paired=True, num_requests=8)
     t = found.recommendation.speculation_off_from
     below = max((lv.concurrency for lv in found.levels if t is not None and lv.concurrency < t), default=0)
-    inside = t is not None and 16 <= below and t <= 24
+    inside = t is not None and below >= 16 and t <= 24
     return (bracket(found), found.recommendation.status, sum(r.duration_s for rs in rows for r in rs),
             bracket(grid), grid.recommendation.status, sum(r.duration_s for rs in grid_rows for r in rs), inside)
 

@@ -114,8 +114,9 @@ def _print_comparison(result: Any, t0: float) -> None:
     typer.echo(f"Parquet data: {result.results}/runs, /levels, /requests (partitioned by run_id)")
     typer.echo(f"report and plots: {result.results}/{comparison_folder(comp.baseline_run_id, comp.speculative_run_id)}/")
     typer.echo(f"total time: {time.monotonic() - t0:.0f} s")
-    if comp.recommendation.status == "refuted":  # the engine ran the setting and it fell short: not one to deploy
-        typer.echo(comp.recommendation.decision, err=True)
+    refuted = [c for c in (comp, *getattr(result, "by_temperature", {}).values()) if c.recommendation.status == "refuted"]
+    if refuted:  # the engine ran the setting and it fell short (at some temperature): not one to deploy
+        typer.echo(refuted[0].recommendation.decision, err=True)
         raise typer.Exit(3)
 
 

@@ -66,6 +66,9 @@ async def compare_speculation(baseline: ProfileParams, speculative: ProfileParam
         speculative = speculative.model_copy(update={"port": baseline.port + 1})  # both servers up at once
     if decision.verify:
         engines.check_verifiable(speculative.engine)
+        if speculative.engine in engines.ENGINES and engines.ENGINES[speculative.engine].routed and \
+                speculative.port == baseline.port:  # its setting runs behind the router: both servers up at once
+            speculative = speculative.model_copy(update={"port": baseline.port + 1})
         # The engine's own controller's arm, refused here where it cannot run or its launch breaks a rule.
         for finding in engines.check_controller(speculative, decision):
             logger.warning("verify: the engine's own controller: %s", finding)

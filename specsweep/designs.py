@@ -27,7 +27,13 @@ from contextlib import AbstractAsyncContextManager, AbstractContextManager, Asyn
 from typing import Protocol
 
 from specsweep.analysis.compare import compare_levels
-from specsweep.analysis.decision import DecisionConfig, baseline_needs_more, pair_needs_more, speculative_needs_more
+from specsweep.analysis.decision import (
+    DecisionConfig,
+    baseline_needs_more,
+    budget_spent,
+    pair_needs_more,
+    speculative_needs_more,
+)
 from specsweep.analysis.search import Step, max_levels, next_step
 from specsweep.bench.config import SearchRange
 from specsweep.records import Block, BlockRow
@@ -341,12 +347,16 @@ async def search(base: Arm, spec: Arm, span: SearchRange, decision: DecisionConf
         level(c)
     async with taking_turns([base, spec], restart=restart) as turn:
         while True:
-            answered = {c: len(turn.counted(lv)[0]) for c, lv in levels.items() if not turn.exhausted(lv)}
+            # Every level taken up counts against the most (an exhausted one too); one whose rounds were set aside as
+            # often as allowed, or whose time is spent, takes no more.
+            answered = {c: len(turn.counted(lv)[0]) for c, lv in levels.items()}
+            closed = {c for c, lv in levels.items() if turn.exhausted(lv) or budget_spent(
+                [*turn.counted(lv)[0], *turn.counted(lv)[1]], decision, num_requests, answered[c])}
             comp = None
             if any(turn.counted(lv)[0] for lv in levels.values()):
                 comp = compare_levels(turn.out[0], turn.out[1], decision=decision, paired=True,
                                       num_requests=num_requests, answer_levels=most, search=True)
-            step = next_step(comp, answered, decision, num_requests, most)
+            step = next_step(comp, answered, decision, num_requests, most, closed)
             at = step.concurrency
             if at is not None:
                 costs = round_s.get(at) or [s for xs in round_s.values() for s in xs]
@@ -359,7 +369,8 @@ async def search(base: Arm, spec: Arm, span: SearchRange, decision: DecisionConf
                 on_step(step)
             if step.kind == "stop" or at is None:
                 break
-            t0 = time.monotonic()
+            clock = budget.clock if budget is not None else time.monotonic
+            t0 = clock()
             await turn.round(level(at), len(levels), most)
-            round_s.setdefault(at, []).append(time.monotonic() - t0)
+            round_s.setdefault(at, []).append(clock() - t0)
     return turn.out[0], turn.out[1]

@@ -399,6 +399,8 @@ class HistoryRow(Row):
     threshold_low: int | None = Field(None, description="The lowest threshold within the margin (None: past the "
                                       "last level).")
     threshold_high: int | None = Field(None, description="The highest threshold within the margin.")
+    threshold_ranged: bool = Field(True, description="Whether the intervals bound a range of thresholds at all "
+                                   "(False: none was bounded, or none fits; the range above then says nothing).")
     margin: float = 0.0
     levels_json: str = Field("[]", description="Per level: concurrency, ratio, its interval, verdict.")
     acceptance_json: str = Field("{}", description="Per category: accepted tokens per step, mean and spread over "

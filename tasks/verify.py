@@ -52,8 +52,8 @@ def verifiable(comparison: Comparison) -> str | None:
 def route_profile(base: ServerProfile, spec: ServerProfile, off_from: int, python: str, port: int) -> ServerProfile:
     """``specsweep route`` in front of the baseline's and the speculative configuration's servers, as a server of its
     own (started, waited for and killed as any other): the recommendation of an engine without a per-batch switch."""
-    def upstream(p: ServerProfile) -> str:
-        return f"http://{p.host}:{p.port}"
+    def upstream(p: ServerProfile) -> str:  # the router runs on the servers' host: their loopback reaches them
+        return f"http://127.0.0.1:{p.port}"
 
     argv = [python, "-m", ROUTER, "--host", "{host}", "--port", "{port}", "--speculative", upstream(spec),
             "--baseline", upstream(base), "--off-from", str(off_from)]
@@ -86,6 +86,9 @@ async def verify_recommendation(run: Run, host: Host, base: Configuration, spec:
     logger = get_run_logger()
     if (why := verifiable(comparison)) is not None:
         logger.warning("verify: not run: %s", why)
+        return False
+    if budget is not None and not budget.fits(0.0):
+        logger.warning("verify: not run: the time budget (%.0f min) is spent", (budget.seconds or 0) / 60)
         return False
     setting = comparison.setting
     assert setting is not None

@@ -72,22 +72,24 @@ def identity(row: HistoryRow) -> str:
     return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:16]
 
 
-def _thresholds(comp: Comparison) -> tuple[int | None, int | None]:
+def _thresholds(comp: Comparison) -> tuple[int | None, int | None, bool]:
     """The lowest and highest thresholds (a level's concurrency; None past the last level: keep it on) whose
-    worst-case loss over the comparison's intervals is within the margin, or within the setting's own bound."""
+    worst-case loss over the comparison's intervals is within the margin, or within the setting's own bound; and
+    whether there is such a range at all (False: no interval was bounded, or none fits)."""
     levels = [lv for lv in comp.levels if lv.ratio_low is not None and lv.ratio_high is not None]
     if not levels:
-        return None, None
+        return None, None, False
     on = [max(0.0, 1 - (lv.ratio_low or 0.0)) for lv in levels]
     off = [max(0.0, 1 - 1 / (lv.ratio_high or math.inf)) for lv in levels]
     bound = getattr(comp.recommendation, "worst_case_loss", None)
     limit = max(comp.margin, bound if isinstance(bound, float) else 0.0) + 1e-9
     fits = [t for t in range(len(levels) + 1) if max([*on[:t], *off[t:]], default=0.0) <= limit]
     if not fits:
-        return None, None
+        return None, None, False
+
     def at(t: int) -> int | None:
         return levels[t].concurrency if t < len(levels) else None
-    return at(min(fits)), at(max(fits))
+    return at(min(fits)), at(max(fits)), True
 
 
 def history_row(comp: Comparison, base: RunRow, spec: RunRow, *, date: str, temperature: float = 0.0) -> HistoryRow:
@@ -96,7 +98,7 @@ def history_row(comp: Comparison, base: RunRow, spec: RunRow, *, date: str, temp
     if comp.speculation is not None:
         s = comp.speculation
         draft = f"{s.method} {s.model or ''} K={s.num_speculative_tokens}".replace("  ", " ")
-    low, high = _thresholds(comp)
+    low, high, ranged = _thresholds(comp)
     acceptance = {}
     if comp.traffic is not None:
         by_category: dict[str, list[float]] = {}
@@ -118,6 +120,7 @@ def history_row(comp: Comparison, base: RunRow, spec: RunRow, *, date: str, temp
         workload=_workload(spec), temperature=temperature, settings=_settings(spec),
         status=rec.status, off_from=rec.speculation_off_from,
         worst_case_loss=getattr(rec, "worst_case_loss", None), threshold_low=low, threshold_high=high,
+        threshold_ranged=ranged,
         margin=comp.margin,
         levels_json=json.dumps([{"concurrency": lv.concurrency, "ratio": lv.ratio, "low": lv.ratio_low,
                                  "high": lv.ratio_high, "verdict": lv.verdict} for lv in comp.levels]),
@@ -159,7 +162,9 @@ def _label(t: int | None) -> str:
 def drift(previous: HistoryRow, current: HistoryRow) -> Drift:
     """``current`` read against ``previous`` (the last row of the same identity)."""
     out = Drift(previous=f"{previous.baseline_run_id}--{previous.speculative_run_id} ({previous.date[:10]})")
-    if not _inside(current.off_from, previous.threshold_low, previous.threshold_high) and \
+    # A run whose intervals bound no range of thresholds says nothing about where the threshold may lie.
+    if previous.threshold_ranged and current.threshold_ranged and \
+            not _inside(current.off_from, previous.threshold_low, previous.threshold_high) and \
             not _inside(previous.off_from, current.threshold_low, current.threshold_high):
         out.threshold = (f"threshold {_label(previous.off_from)} -> {_label(current.off_from)}, beyond both runs' "
                          f"bounds ({_range(previous)} then {_range(current)})")
@@ -186,8 +191,8 @@ def drift(previous: HistoryRow, current: HistoryRow) -> Drift:
 
 
 def _range(row: HistoryRow) -> str:
-    if row.threshold_low is None and row.threshold_high is None:
-        return "on everywhere measured" if row.off_from is None else "unbounded"
+    if not row.threshold_ranged:
+        return "unbounded"
     return f"{_label(row.threshold_low)} to {_label(row.threshold_high)}"
 
 

@@ -95,13 +95,14 @@ def plan(store: ResultsStore, names: Sequence[str], commands: Sequence[str | Non
     # A search settles the two levels around its crossing; the others steer it.
     settled = 2 if sweep.search is not None else levels
     steered = levels - settled
-    n_starts = len(names) * (1 + (levels * high if restart else 0))
+    # Restarted for each block: a start per block, as many as the rounds the plan counts at least.
+    n_starts = len(names) * ((settled * low + steered * STEER_ROUNDS) if restart else 1)
     fixed = len(names) * start.seconds
     least = fixed + round_.seconds * (settled * low + steered * STEER_ROUNDS)
     most = fixed + round_.seconds * (settled * high + steered * STEER_ROUNDS)
     if restart:
         least += start.seconds * len(names) * (settled * low + steered * STEER_ROUNDS)
         most += start.seconds * len(names) * (settled * high + steered * STEER_ROUNDS)
-    return Plan(starts=n_starts if not restart else len(names), start=start, levels=levels, levels_words=words,
+    return Plan(starts=n_starts, start=start, levels=levels, levels_words=words,
                 rounds_low=low, rounds_high=high, round=round_, minutes_low=least / 60, minutes_high=most / 60,
                 budget_minutes=decision.budget_minutes)

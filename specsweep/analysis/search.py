@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -93,12 +93,13 @@ class Step:
 
 
 def next_step(comp: Comparison | None, rounds: Mapping[int, int], decision: DecisionConfig,
-              num_requests: int, most_levels: int) -> Step:
+              num_requests: int, most_levels: int, closed: Collection[int] = ()) -> Step:
     """What the search measures next (module docstring). ``comp``: the comparison of what is measured so far
-    (None before any level has the rounds for one); ``rounds``: the rounds that count at each measured level;
-    ``most_levels``: the levels the intervals' confidence was split over (``max_levels``), never passed."""
+    (None before any level has the rounds for one); ``rounds``: the rounds that count at each level it has taken up;
+    ``most_levels``: the levels the intervals' confidence was split over (``max_levels``), never passed;
+    ``closed``: levels that take no more rounds (every round set aside as often as allowed, or their time spent)."""
     for c in sorted(rounds, key=lambda c: (rounds[c], c)):  # the fewest rounds first: both ends early
-        if rounds[c] < STEER_ROUNDS:
+        if rounds[c] < STEER_ROUNDS and c not in closed:
             return Step("round", c, f"C={c} has {rounds[c]} of the {STEER_ROUNDS} rounds that say whether speculation "
                         "is ahead there")
     if comp is None:
@@ -107,7 +108,7 @@ def next_step(comp: Comparison | None, rounds: Mapping[int, int], decision: Deci
     ahead = {lv.concurrency: lv.ratio > 1.0 for lv in comp.levels if not math.isnan(lv.ratio)}
     measured = sorted(ahead)
     for c in sorted(rests_on({lv.concurrency: lv.ratio for lv in comp.levels if not math.isnan(lv.ratio)})):
-        if rounds.get(c, 0) < decision.min_blocks:
+        if rounds.get(c, 0) < decision.min_blocks and c not in closed:
             return Step("round", c, f"C={c}, which the answer rests on, has {rounds.get(c, 0)} of the "
                         f"{decision.min_blocks} rounds a level needs")
     for a, b in zip(measured, measured[1:], strict=False):
@@ -122,7 +123,7 @@ def next_step(comp: Comparison | None, rounds: Mapping[int, int], decision: Deci
     order = ([worst] if worst is not None else []) + [c for c in rec.measure_next if c != worst]
     for c in order:
         lv = by_c.get(c)
-        if lv is None or rounds.get(c, 0) >= budget:
+        if lv is None or rounds.get(c, 0) >= budget or c in closed:
             continue
         need = lv.rounds_to_settle
         if need is None or need <= 2 * budget:  # hopeless beyond twice the level's budget

@@ -32,8 +32,8 @@ with margin m (default 5 %):
 Speculation is kept only where it is shown to pay: slower, equivalent and no gain all say
 "it does not pay here" (``PAYS``, ``DOES_NOT_PAY``).
 
-tests/specsweep/test_stats.py checks the coverage on generated data with a known ratio, and
-tests/specsweep/test_known_answer.py the answer as a whole.
+tests/specsweep/analysis/test_stats.py checks the coverage on generated data with a known ratio, and
+tests/specsweep/analysis/test_known_answer.py the answer as a whole.
 """
 
 from __future__ import annotations

@@ -216,6 +216,31 @@ async def test_a_search_stops_within_its_time_budget() -> None:
     base_rows, _ = await designs.search(Slow("base", lambda c: 1.0, log, 1), Slow("spec", crossover, log, 2),
                                         SearchRange(min=1, max=64), DecisionConfig(), 8, restart=False, budget=budget,
                                         on_step=lambda s: steps.append(s.why))
-    # 60 s at 14 s a round: the fifth round would end at 70 s, one block over: it starts; a sixth would not.
-    assert len(base_rows) == 5 and now[0] == 70.0
+    # 60 s at 14 s a round: after four (56 s), a fifth would end at 70 s, more than one block (7 s) over: not started.
+    assert len(base_rows) == 4 and now[0] == 56.0
     assert steps[-1].startswith("the time budget: 1.2 of 1.0 minutes spent") or "time budget" in steps[-1], steps[-1]
+
+
+async def test_a_search_whose_level_is_never_measured_cleanly_goes_on_without_it_and_ends() -> None:
+    """Every block at C=8 fails (a server that answers 500 there): its rounds are set aside as often as allowed, the
+    level is closed, and the search goes on and ends, with no more levels than its error control allows."""
+    from specsweep.analysis.search import max_levels
+    from specsweep.bench.config import SearchRange
+
+    class FailsAt8(NoisyArm):
+        async def measure(self, level: Block) -> BlockRow:
+            row = await super().measure(level)
+            if int(level.value) == 8:
+                return row.model_copy(update={"completed": 0, "failed": row.requests, "errors": f"HTTPStatus: {row.requests}",
+                                              "disturbed": f"{row.requests} request(s) failed (HTTPStatus: {row.requests})"})
+            return row
+
+    log: list[str] = []
+    steps: list[str] = []
+    base_rows, spec_rows = await designs.search(NoisyArm("base", lambda c: 1.0, log, 1), FailsAt8("spec", crossover, log, 2),
+                                                SearchRange(min=1, max=64), DecisionConfig(min_blocks=4), 8,
+                                                restart=False, on_step=lambda s: steps.append(s.why))
+    assert len(steps) < 200 and steps[-1]  # it ended
+    assert len({r.concurrency for r in base_rows}) <= max_levels(1, 64)
+    at8 = [r for r in spec_rows if r.concurrency == 8]
+    assert at8 and all(r.disturbed for r in at8) and len(at8) == 5  # set aside MAX_SET_ASIDE + 1 times, then closed

@@ -99,3 +99,20 @@ def test_the_history_command_prints_each_kind_and_the_latest_drift(tmp_path: Pat
     assert (tmp_path / "h.png").read_bytes()[:4] == b"\x89PNG"
     none = invoke("history", "--kind", "a100", "--results", str(tmp_path / "results"))
     assert none.returncode == 0 and "no comparisons in the history" in none.stdout
+
+
+def test_two_answers_whose_intervals_bound_no_range_are_no_drift() -> None:
+    """Every interval unbounded (too few rounds): neither run says where the threshold may lie, so the same answer
+    twice is not a threshold that moved (a nightly run failed on it every night)."""
+    few = {c: v[:3] for c, v in BASE.items()}
+    few_spec = {c: v[:3] for c, v in SPEC.items()}
+
+    def unbounded(date: str) -> HistoryRow:
+        comp = compare_levels(rows("b", few), rows("s", few_spec), decision=DecisionConfig(), paired=True,
+                              num_requests=16)
+        comp.baseline_run_id, comp.speculative_run_id = f"b-{date}", f"s-{date}"
+        return history_row(comp, run("b", "0.5.4"), run("s", "0.5.4"), date=date)
+
+    first, second = unbounded("2026-12-01T02:00:00Z"), unbounded("2026-12-02T02:00:00Z")
+    assert not first.threshold_ranged and first.off_from == second.off_from
+    assert drift(first, second).threshold is None and not drift(first, second).flagged
