@@ -37,8 +37,9 @@ async def settle(target: BenchTarget, job: SweepJob, *, max_requests: int = 24, 
     settled = False
     async with target.api() as api:
         model = target.request.model or await api.first_model()
-        # The warm-up prompts take the median length of a block's prompts (one prompt alone may be the set's longest).
-        measured = (await _prompts(api, model, job.workload, max(1, job.sweep.num_requests))).prompts
+        # The warm-up prompts take the median length of a block's prompts (one prompt alone may be the set's longest),
+        # of 32 at most (a level may be an endless one of 100,000).
+        measured = (await _prompts(api, model, job.workload, max(1, min(job.sweep.num_requests, 32)))).prompts
         workload = warmup_workload(job.workload, measured)
         prompts = (await _prompts(api, model, workload, max_requests)).prompts
         request = request_for(target.request, job.workload, measured)

@@ -71,7 +71,8 @@ async def test_server_fault(name: str, tmp_path: Path) -> None:
     profile = profile.model_copy(update={"startup_timeout_s": case.startup_timeout_s,
                                          "kill_grace_s": 2.0})
     results = tmp_path / "results"
-    sweep = {"concurrency": [1, 2], "num_requests": 4, "warmup_requests": 1, **case.sweep}
+    # Blocks of exactly num_requests (none raised to 2 per slot): the counts below are the faults' own.
+    sweep = {"concurrency": [1, 2], "num_requests": 4, "warmup_requests": 1, "requests_per_slot": 0, **case.sweep}
     t0 = time.monotonic()
     state = await benchmark_config(
         profile, return_state=True, benchmark=BenchmarkSettings(

@@ -130,7 +130,8 @@ async def test_comparison_of_a_loopback_server_through_a_tunnel(topology: str, r
     assert base.host == "127.0.0.1"
     state = await compare_speculation(
         base, spec, host=remote.host, return_state=True,
-        benchmark=BenchmarkSettings(sweep={"concurrency": [1, 16], "num_requests": 12, "warmup_requests": 1},  # type: ignore[arg-type]
+        benchmark=BenchmarkSettings(sweep={"concurrency": [1, 16], "num_requests": 12, "warmup_requests": 1,  # type: ignore[arg-type]
+                                           "requests_per_slot": 0},
                                     workload={"input_len": 8, "output_len": 48}, results=str(tmp_path / "results")),  # type: ignore[arg-type]
         # Four blocks per configuration and level, no more: the baseline's own precision (±1.5 %) is rarely met on
         # the loaded suite, so a larger budget bought blocks, not a surer verdict (x0.44 at 16 is decided in four).
@@ -309,7 +310,8 @@ async def test_levels_run_by_a_load_generator_on_the_host_behind_the_bastion(
     results = tmp_path / "results"
     state = await compare_speculation(
         base, spec, host=host, return_state=True,
-        benchmark=BenchmarkSettings(sweep={"concurrency": [1, 16], "num_requests": 12, "warmup_requests": 1},  # type: ignore[arg-type]
+        benchmark=BenchmarkSettings(sweep={"concurrency": [1, 16], "num_requests": 12, "warmup_requests": 1,  # type: ignore[arg-type]
+                                           "requests_per_slot": 0},
                                     workload={"input_len": 8, "output_len": 48}, results=str(results),  # type: ignore[arg-type]
                                     stages={"warm_up_requests": 4}),  # type: ignore[arg-type]
         # Four blocks per configuration and level, no more: the baseline's own precision (±1.5 %) is rarely met on
