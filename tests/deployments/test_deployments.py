@@ -23,7 +23,7 @@ from tests.helpers.sshd import free_port
 
 DEPLOYMENTS = {"compare-engine/local", "compare-engine/sglang", "compare-speculation/profiles",
                "benchmark-config/config", "compare-engine/vllm", "tune-speculation/llamacpp",
-               "eagle3-benchmark/eagle3", "baseline-benchmark/baseline"}
+               "eagle3-benchmark/eagle3", "baseline-benchmark/baseline", "campaign/fleet", "server-lifecycle/smoke"}
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])

@@ -41,7 +41,7 @@ async def test_a_campaign_answers_per_kind_and_reports_a_host_that_fails_without
     result = await state.result()
     local, failed = result.hosts
     assert local.host == "local" and local.error is None and local.off_from == 16
-    assert failed.error is not None and "gpu-gone.invalid" in failed.error
+    assert "gpu-gone.invalid" in failed.host and failed.error is not None and "key_path" in failed.error
     (kind,) = result.kinds
     assert kind.hosts == ["local"] and kind.recommendation.speculation_off_from == 16 and not kind.flagged
     assert "## Campaign: one answer per kind of host" in result.report and "| local |" in result.report
