@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import random
 import statistics
 import sys
@@ -31,17 +30,13 @@ from specsweep.analysis.search import max_levels  # noqa: E402
 from specsweep.bench.config import SearchRange, SweepConfig  # noqa: E402
 from specsweep.records import Block, BlockRow  # noqa: E402
 from specsweep.sweep import sweep_levels  # noqa: E402
+from specsweep.targets.sim.model import speedup_at  # noqa: E402
 
 SPEEDUPS = {1: 1.40, 4: 1.40, 8: 1.23, 16: 1.10, 24: 0.90, 32: 0.88, 64: 0.88}
 
 
 def speedup(c: int) -> float:
-    points = sorted(SPEEDUPS)
-    for a, b in zip(points, points[1:], strict=False):
-        if a <= c <= b:
-            w = math.log(c / a) / math.log(b / a)
-            return math.exp((1 - w) * math.log(SPEEDUPS[a]) + w * math.log(SPEEDUPS[b]))
-    return SPEEDUPS[points[0] if c < points[0] else points[-1]]
+    return speedup_at(SPEEDUPS, c)
 
 
 class Arm:

@@ -98,8 +98,8 @@ class RouteServer:
 
     async def start(self, app: web.Application) -> None:
         timeout = aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S, sock_read=READ_TIMEOUT_S)
-        # A connection per request (force_close): a server that closes its idle keep-alive connections (llama.cpp's
-        # does) would otherwise fail a request written on one it had just closed ("Can not write request body").
+        # A connection per request (force_close): a server that closes its idle keep-alive connections (some engines
+        # do) would otherwise fail a request written on one it had just closed ("Can not write request body").
         self.session = aiohttp.ClientSession(timeout=timeout, auto_decompress=False,
                                              connector=aiohttp.TCPConnector(limit=0, force_close=True))
 

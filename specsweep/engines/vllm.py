@@ -231,14 +231,20 @@ def effective_ks(cfg: dict[str, Any]) -> list[int]:
             if isinstance(e, list) and len(e) == 3 and isinstance(e[2], int)]
 
 
-def check_launch(argv: Sequence[str]) -> list[LaunchFinding]:
-    """The rules a vLLM launch command is checked by before it starts (see the module's docstring)."""
+def launched_speculative_config(argv: Sequence[str]) -> dict[str, Any] | None:
+    """A launch command's ``--speculative-config`` as a JSON object; None where it has none (or not an object)."""
     text = flag(argv, "--speculative-config", "--speculative_config")
     try:
         cfg = json.loads(text) if text else None
     except json.JSONDecodeError:
-        cfg = None
-    if not isinstance(cfg, dict):
+        return None
+    return cfg if isinstance(cfg, dict) else None
+
+
+def check_launch(argv: Sequence[str]) -> list[LaunchFinding]:
+    """The rules a vLLM launch command is checked by before it starts (see the module's docstring)."""
+    cfg = launched_speculative_config(argv)
+    if cfg is None:
         return []
     out: list[LaunchFinding] = []
     k = cfg.get("num_speculative_tokens")
@@ -366,14 +372,8 @@ class VLLM(Engine):
             read_spec_metrics(spec, rec)
 
     def speculation(self, argv: Sequence[str]) -> SpeculationSettings | None:
-        text = flag(argv, "--speculative-config", "--speculative_config")
-        if not text:
-            return None
-        try:
-            cfg = json.loads(text)
-        except json.JSONDecodeError:
-            return None
-        if not isinstance(cfg, dict):
+        cfg = launched_speculative_config(argv)
+        if cfg is None:
             return None
         sampler = cfg.get("rejection_sample_method")
         return SpeculationSettings(engine=self.name, method=str(cfg.get("method", "draft_model")),
@@ -396,12 +396,8 @@ class VLLM(Engine):
         """The speculative launch's ``--speculative-config`` with vLLM's own controller: adaptive verification
         (``enable_adaptive_verification: true``, its start-up cost model) by default, or the user's keys merged in
         (e.g. ``num_speculative_tokens_per_batch_size``: the per-batch table as the engine applies it)."""
-        text = flag(argv, "--speculative-config", "--speculative_config")
-        try:
-            cfg = json.loads(text) if text else None
-        except json.JSONDecodeError:
-            cfg = None
-        if not isinstance(cfg, dict):
+        cfg = launched_speculative_config(argv)
+        if cfg is None:
             return PerBatchSetting(engine=self.name, notes=("the launch has no --speculative-config JSON object to "
                                                             "start vLLM's controller in",))
         own = dict(config) if config else {"enable_adaptive_verification": True}

@@ -138,16 +138,9 @@ SPEEDUPS = {1: 1.40, 4: 1.40, 8: 1.23, 16: 1.10, 24: 0.90, 32: 0.88, 64: 0.88}
 
 
 def crossover(c: int) -> float:
-    import math
+    from specsweep.targets.sim.model import speedup_at
 
-    points = sorted(SPEEDUPS)
-    if c <= points[0]:
-        return SPEEDUPS[points[0]]
-    for a, b in zip(points, points[1:], strict=False):
-        if a <= c <= b:
-            w = math.log(c / a) / math.log(b / a)
-            return math.exp((1 - w) * math.log(SPEEDUPS[a]) + w * math.log(SPEEDUPS[b]))
-    return SPEEDUPS[points[-1]]
+    return speedup_at(SPEEDUPS, c)
 
 
 class NoisyArm(FakeArm):
