@@ -5,15 +5,15 @@
 
 # No "from __future__ import annotations" here: Prefect builds the parameter schema and
 # validates runs from the real annotation objects of a flow's signature.
+from orchestration.arms import ServerArm, record_environment
+from orchestration.cleanup import benchmark_flow
+from orchestration.run import ConfigurationResult, prepare_run
 from specsweep.hosts import HostConfig
 from specsweep.parameters import BenchmarkSettings
 from specsweep.profiles import ProfileParams
 from specsweep.sweep import repeats, run_levels
-from tasks.arms import ServerArm, record_environment
 from tasks.benchmark import run_concurrency_benchmark, warm_up
-from tasks.cleanup import benchmark_flow
 from tasks.results import publish_configuration
-from tasks.run import ConfigurationResult, prepare_run
 from tasks.server import kill_server, start_server, wait_for_health
 
 

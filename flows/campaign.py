@@ -20,6 +20,7 @@ from prefect.runtime import flow_run
 from pydantic import BaseModel, Field
 
 from flows.compare_speculation import ComparisonResult, compare_speculation
+from orchestration.blocks import aresolve_results
 from specsweep import engines
 from specsweep.analysis.campaign import HostAnswer, KindAnswer, campaign_markdown, host_answer, kind_answers
 from specsweep.analysis.compare import compare_runs
@@ -29,7 +30,6 @@ from specsweep.errors import ConfigError, MeasurementError
 from specsweep.hosts import HostConfig
 from specsweep.parameters import LOCAL_BENCHMARK, LOCAL_DECISION, BenchmarkSettings
 from specsweep.results import ResultsStore
-from tasks.blocks import aresolve_results
 
 
 class CampaignResult(BaseModel):

@@ -9,7 +9,7 @@ speculation stops paying.
 Each level is measured in blocks until it is settled (one fixed policy within the margin there, worst case)
 or its budget is spent, in the design the decision settings name (``specsweep.designs``); with
 ``decision.verify`` the engine then runs the recommended setting against both fixed policies
-(``tasks.verify``). Retrying a failed flow run keeps
+(``orchestration.verify``). Retrying a failed flow run keeps
 whatever finished (a finished baseline, finished levels).
 """
 
@@ -20,6 +20,10 @@ import asyncio
 from prefect import get_run_logger
 from pydantic import BaseModel
 
+from orchestration.arms import ServerArm
+from orchestration.cleanup import benchmark_flow
+from orchestration.run import ConfigurationResult, prepare_run
+from orchestration.verify import verify_recommendation
 from specsweep import designs, engines
 from specsweep.analysis.compare import Comparison
 from specsweep.analysis.decision import DecisionConfig
@@ -29,11 +33,7 @@ from specsweep.errors import ConfigError
 from specsweep.hosts import HostConfig
 from specsweep.parameters import LOCAL_BENCHMARK, LOCAL_DECISION, BenchmarkSettings
 from specsweep.profiles import ProfileParams
-from tasks.arms import ServerArm
-from tasks.cleanup import benchmark_flow
 from tasks.results import compare_configurations, publish_configuration, publish_temperatures, record_history
-from tasks.run import ConfigurationResult, prepare_run
-from tasks.verify import verify_recommendation
 
 #: The share of the time budget a search may spend when the verify stage follows it (which gets the rest).
 SEARCH_SHARE = 0.65

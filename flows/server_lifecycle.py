@@ -7,12 +7,12 @@ there), and the server is killed however the flow ends: its own final kill, or t
 
 # No "from __future__ import annotations" here: Prefect builds the parameter schema and
 # validates runs from the real annotation objects of a flow's signature.
+from orchestration.cleanup import benchmark_flow
+from orchestration.run import prepare_run
 from specsweep.hosts import HostConfig
 from specsweep.parameters import BenchmarkSettings, LifecycleConfig
 from specsweep.profiles import ProfileParams
 from specsweep.server.health import HealthReport
-from tasks.cleanup import benchmark_flow
-from tasks.run import prepare_run
 from tasks.server import kill_server, start_server, wait_for_health
 
 

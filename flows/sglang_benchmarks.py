@@ -3,11 +3,11 @@
 # No "from __future__ import annotations" here: Prefect builds the parameter schema and
 # validates runs from the real annotation objects of a flow's signature.
 from flows.benchmark_config import benchmark_config
+from orchestration.cleanup import benchmark_flow
+from orchestration.run import ConfigurationResult
 from specsweep.engines.sglang import SGLangSettings
 from specsweep.hosts import HostConfig
 from specsweep.parameters import GPU_BENCHMARK, BenchmarkSettings
-from tasks.cleanup import benchmark_flow
-from tasks.run import ConfigurationResult
 
 
 @benchmark_flow("baseline-benchmark")

@@ -14,6 +14,9 @@ points) and measures only the rest.
 from prefect import get_run_logger
 from pydantic import BaseModel, Field
 
+from orchestration.arms import ServerArm
+from orchestration.cleanup import benchmark_flow
+from orchestration.run import ConfigurationResult, prepare_run
 from specsweep import designs, engines
 from specsweep.analysis.decision import DecisionConfig
 from specsweep.analysis.tuning import GridPoint, Tuning, grid_points, point_settings
@@ -22,10 +25,7 @@ from specsweep.errors import ConfigError
 from specsweep.hosts import HostConfig
 from specsweep.parameters import BenchmarkSettings
 from specsweep.profiles import ServerProfile
-from tasks.arms import ServerArm
-from tasks.cleanup import benchmark_flow
 from tasks.results import publish_configuration, publish_tuning
-from tasks.run import ConfigurationResult, prepare_run
 
 GridParam = dict[str, list[int | float]]
 

@@ -20,7 +20,7 @@ if ! curl -fs "${PREFECT_API_URL}/health" >/dev/null 2>&1; then
   nohup .venv/bin/prefect server start --host 127.0.0.1 --port "${PORT}" >data/prefect-server.log 2>&1 &
   for _ in $(seq 1 120); do curl -fs "${PREFECT_API_URL}/health" >/dev/null 2>&1 && break; sleep 0.5; done
 fi
-.venv/bin/prefect block register -m tasks.blocks
+.venv/bin/prefect block register -m orchestration.blocks
 .venv/bin/prefect work-pool create specsweep --type process --base-job-template deployments/work-pool.json 2>/dev/null || true
 .venv/bin/prefect --no-prompt deploy --all --prefect-file deployments/prefect.yaml
 if ! pgrep -f "prefect worker start --pool specsweep" >/dev/null; then

@@ -60,7 +60,7 @@ LONGEST_FIRST = ["specsweep/engines/test_vllm_real.py", "faults/test_tunnel.py",
 #: the OpenSSH server, network namespaces, S3, PostgreSQL, the real vLLM or real llama.cpp servers. A test is heavy
 #: when it uses one of these fixtures, or its module imports from one of these modules, or it is marked heavy.
 HEAVY_FIXTURES = frozenset({"sshd", "ssh_host_config", "known_hosts", "prefect_harness", "vllm_python", "hf_models"})
-HEAVY_MODULES = ("tasks", "flows", "deployments", "tests.helpers.netns", "tests.helpers.prefect_server",
+HEAVY_MODULES = ("tasks", "orchestration", "flows", "deployments", "tests.helpers.netns", "tests.helpers.prefect_server",
                  "tests.helpers.s3", "tests.helpers.vllm", "specsweep.targets.llamacpp")
 
 

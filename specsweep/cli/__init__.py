@@ -3,7 +3,7 @@ commands (each stage alone with the same code the Prefect tasks use, a benchmark
 results store read back) and those that installed packages register.
 
 A package adds commands through the entry point group ``specsweep.commands`` (this checkout's
-pyproject.toml registers ``flows.commands:register``: the main job, the comparisons, the grid, run as
+pyproject.toml registers ``deployments.commands:register``: the main job, the comparisons, the grid, run as
 Prefect flows, and Prefect's host lock for ``server start|kill``). Each registration is called with the
 command's app, adds its commands, and returns a host guard or None; the guard reaches the server
 commands through typer's context (``Installed``). The core imports no Prefect: what a registration

@@ -37,7 +37,7 @@ def deployed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
         db_cm, db_url = None, None
     try:
         with prefect_server(work / "home", db_url) as env:
-            for args in (["block", "register", "-m", "tasks.blocks"],
+            for args in (["block", "register", "-m", "orchestration.blocks"],
                          ["work-pool", "create", "specsweep", "--type", "process"],
                          ["--no-prompt", "deploy", "--all", "--prefect-file", "deployments/prefect.yaml"]):
                 result = prefect_cli(env, *args)

@@ -357,7 +357,7 @@ async def test_a_results_block_pointing_at_a_strangers_store_is_refused(tripwire
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The block's endpoint_url was not checked: results went to a server the reviewer stood up, with requests
     signed by the worker's key. The stranger's store (the tripwire) is never reached."""
-    from tasks.blocks import ResultsBlock
+    from orchestration.blocks import ResultsBlock
 
     policy_file = tmp_path / "policy.toml"
     policy_file.write_text(f'commands = ["{sys.executable} {TOY}"]\nresults = ["s3://specsweep-results"]\n'
@@ -378,7 +378,7 @@ async def test_a_run_chooses_no_ssh_trust_the_policy_does_not_give(tripwire: Tri
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """key_path, known_hosts and accept_unknown_host_key came from run parameters or editable block fields: a
     run named the worker's files and trusted any host key. Refused before the host is reached."""
-    from tasks.blocks import SSHHostBlock
+    from orchestration.blocks import SSHHostBlock
 
     policy_file = tmp_path / "policy.toml"
     policy_file.write_text(f'hosts = ["127.0.0.1"]\ncommands = ["{sys.executable} {TOY}"]\n'

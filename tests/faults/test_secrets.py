@@ -17,7 +17,7 @@ from specsweep.engines.sglang import baseline as sglang_baseline
 from tests.conftest import pids_with_marker, toy_profile
 from tests.helpers.logs import flow_logs, server_log
 from tests.helpers.sshd import SSHServer, free_port
-from tests.tasks.test_blocks import make_block
+from tests.orchestration.test_blocks import make_block
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
 

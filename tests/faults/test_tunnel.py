@@ -24,7 +24,7 @@ from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.deployments import run_deployment
 
-import flows.commands  # noqa: F401  # imported before any refusal is timed (invoke)
+import deployments.commands  # noqa: F401  # imported before any refusal is timed (invoke)
 from flows.benchmark_config import benchmark_config
 from flows.compare_speculation import compare_speculation
 from specsweep.analysis.decision import DecisionConfig

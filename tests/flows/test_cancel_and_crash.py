@@ -144,8 +144,8 @@ async def test_flow_process_killed_outright_the_crash_hook_kills_the_server(tmp_
 
 async def assert_host_given_back() -> None:
     """The hooks gave the host back: the next run need not wait for the lease to run out."""
+    from orchestration.host import lock_name
     from specsweep.hosts import LocalHost
-    from tasks.host import lock_name
 
     deadline = asyncio.get_running_loop().time() + 20
     async with get_client() as client:

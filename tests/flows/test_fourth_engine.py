@@ -12,11 +12,11 @@ import pytest
 
 from flows.compare_speculation import compare_engine
 from flows.tune_speculation import tune_speculation
+from orchestration.cleanup import profile_of, run_servers
 from specsweep.analysis.decision import DecisionConfig
 from specsweep.bench.config import SweepConfig, WorkloadConfig
 from specsweep.parameters import BenchmarkSettings
 from specsweep.results.store import ResultsStore
-from tasks.cleanup import profile_of, run_servers
 from tasks.started import StartRecord
 from tests.conftest import pids_with_marker
 from tests.helpers.cli import invoke

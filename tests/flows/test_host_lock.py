@@ -17,8 +17,8 @@ from prefect.client.schemas.actions import VariableCreate
 from prefect.concurrency.asyncio import concurrency
 from prefect.settings import PREFECT_API_URL
 
+from orchestration.host import _limit, lock_name
 from specsweep.hosts import HostConfig, LocalHost, SSHEndpoint, open_host
-from tasks.host import _limit, lock_name
 from tasks.started import StartRecord, record_start, recorded_starts
 from tests.conftest import pids_with_marker, toy_profile
 from tests.helpers.sshd import SSHServer

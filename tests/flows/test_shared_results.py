@@ -17,8 +17,8 @@ from prefect.deployments import run_deployment
 from prefect.states import Scheduled
 
 from flows.compare_speculation import compare_speculation
+from orchestration.blocks import ResultsBlock
 from specsweep.results import ResultsLocation, ResultsStore
-from tasks.blocks import ResultsBlock
 from tests.conftest import pids_with_marker
 from tests.flows.test_compare_flow import sim_profiles
 from tests.helpers.logs import flow_logs

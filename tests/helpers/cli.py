@@ -28,7 +28,7 @@ def invoke(*args: str, registrations: Sequence[Registration] | None = None) -> R
     the commands' registrations (default the flows')."""
     from typer.testing import CliRunner
 
-    from flows.commands import register
+    from deployments.commands import register
     from specsweep.cli import assemble
 
     app, installed = assemble([register] if registrations is None else registrations)

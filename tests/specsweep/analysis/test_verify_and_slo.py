@@ -56,8 +56,8 @@ def test_sglang_loads_the_adaptive_file_from_where_it_was_written_its_eagle_flag
 
 def test_llamacpp_has_no_per_batch_switch_and_runs_its_setting_behind_the_router(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestration.verify import route_profile
     from specsweep.engines.base import Engine
-    from tasks.verify import route_profile
 
     profile = llama_speculative(model_path="/m/t.gguf", draft_model_path="/m/d.gguf")
     setting = recommended(profile, 8)

@@ -74,7 +74,7 @@ def test_two_guards_are_refused() -> None:
 
 
 def test_pyproject_declares_the_flows_registration_the_command_reads() -> None:
-    from flows.commands import register
+    from deployments.commands import register
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert project["scripts"]["specsweep"] == "specsweep.cli:main"
@@ -85,8 +85,9 @@ def test_pyproject_declares_the_flows_registration_the_command_reads() -> None:
 
 
 def test_python_m_specsweep_cli_is_the_command_and_the_core_loads_no_prefect() -> None:
+    layer = ('prefect.', 'flows', 'tasks', 'orchestration', 'deployments')
     probe = ("import sys; import specsweep.cli; "
-             "print(sorted(m for m in sys.modules if m == 'prefect' or m.startswith(('prefect.', 'flows', 'tasks'))))")
+             f"print(sorted(m for m in sys.modules if m == 'prefect' or m.startswith({layer!r})))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True).stdout
     assert out.strip() == "[]"
     help_text = subprocess.run([sys.executable, "-m", "specsweep.cli", "--help"], capture_output=True, text=True,

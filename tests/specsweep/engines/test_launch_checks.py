@@ -67,7 +67,7 @@ def test_the_settings_form_refuses_it_as_it_is_filled() -> None:
 
 
 async def test_a_run_is_refused_before_any_host_is_touched(tmp_path: Path) -> None:
-    from tasks.run import prepare_run
+    from orchestration.run import prepare_run
 
     results = tmp_path / "results"
     profile = _vllm("--max-num-batched-tokens", "512", "--max-num-seqs", "256")

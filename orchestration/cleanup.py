@@ -13,13 +13,13 @@ from prefect.client.schemas.objects import FlowRun, State
 from prefect.flows import FlowStateHook
 from prefect.logging.loggers import flow_run_logger
 
+from orchestration.blocks import resolve_host
+from orchestration.host import LOCK_LEASE_S, release_recorded_lease
 from specsweep.engines import EngineSettings
 from specsweep.hosts import HostConfig, open_host
 from specsweep.hosts.tunnel import stop_marked_tunnels
 from specsweep.profiles import ProfileParams, ServerProfile
 from specsweep.server import lifecycle
-from tasks.blocks import resolve_host
-from tasks.host import LOCK_LEASE_S, release_recorded_lease
 from tasks.started import StartRecord, forget_recorded, recorded_starts
 
 # -- declaring a benchmark flow ------------------------------------------------------------------

@@ -22,6 +22,9 @@ import sys
 
 from prefect import get_run_logger
 
+from orchestration.arms import ServerArm
+from orchestration.blocks import check_allowed
+from orchestration.run import Configuration, Run
 from specsweep import designs, engines
 from specsweep.analysis import verify
 from specsweep.analysis.compare import Comparison
@@ -33,9 +36,6 @@ from specsweep.profiles import ServerProfile
 from specsweep.records import BlockRow
 from specsweep.route import MODULE as ROUTER
 from specsweep.sweep import Level
-from tasks.arms import ServerArm
-from tasks.blocks import check_allowed
-from tasks.run import Configuration, Run
 
 
 def verifiable(comparison: Comparison) -> str | None:

@@ -1,4 +1,4 @@
-"""The command line's temporary Prefect server (flows.temporary_server): a slow first start is waited for."""
+"""The command line's temporary Prefect server (deployments.temporary_server): a slow first start is waited for."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 pytestmark = pytest.mark.heavy
 
 ROOT = Path(__file__).resolve().parents[2]
-START = "from flows.temporary_server import start_temporary_server; print('serving at', start_temporary_server())"
+START = "from deployments.temporary_server import start_temporary_server; print('serving at', start_temporary_server())"
 
 
 def test_a_temporary_server_slower_than_prefects_own_limit_is_still_waited_for(tmp_path: Path) -> None:

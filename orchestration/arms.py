@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 from prefect import get_run_logger
 
+from orchestration.run import Configuration, Run
 from specsweep.hosts import Host
 from specsweep.records import Block, BlockRow
 from specsweep.sweep import SweepJob, set_aside
 from tasks.benchmark import run_concurrency_benchmark, warm_up
 from tasks.results import fingerprint_environment
-from tasks.run import Configuration, Run
 from tasks.server import Server, kill_server, start_server, wait_for_health
 
 

@@ -97,9 +97,9 @@ def _benchmark(levels: str, num_prompts: int, output_len: int, results: str, dat
 
 def _run(flow_run: Coroutine[Any, Any, T]) -> T:
     """Run a flow in this process, against Prefect's temporary server when none is configured: started first,
-    out of reach of the terminal's Ctrl-C (``flows.temporary_server``), so that a Ctrl-C tears the run down
+    out of reach of the terminal's Ctrl-C (``deployments.temporary_server``), so that a Ctrl-C tears the run down
     through a live API."""
-    from flows.temporary_server import start_temporary_server
+    from deployments.temporary_server import start_temporary_server
 
     start_temporary_server()
     return asyncio.run(flow_run)
@@ -292,7 +292,7 @@ def tune(
 
 def _machine_lock(host: Host, wait_s: float) -> AbstractContextManager[None]:
     """`specsweep server start|kill` hold the machine as the flow runs do (Prefect loaded only for them)."""
-    from tasks.host import cli_lock
+    from orchestration.host import cli_lock
 
     return cli_lock(host, wait_s)
 

@@ -18,6 +18,8 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.context import FlowRunContext
 from pydantic import BaseModel, SecretStr
 
+from orchestration.blocks import aresolve_host, aresolve_profile, aresolve_results, aresolve_secret, check_allowed
+from orchestration.host import hold_host
 from specsweep import engines, policy
 from specsweep.analysis.decision import DecisionConfig
 from specsweep.bench.config import RequestSpec
@@ -30,8 +32,6 @@ from specsweep.results import ResultsStore
 from specsweep.results.run_record import RunRecorder, finished_run
 from specsweep.sweep import Level, SweepJob, new_run_row, sweep_levels
 from tasks._common import artifact_key
-from tasks.blocks import aresolve_host, aresolve_profile, aresolve_results, aresolve_secret, check_allowed
-from tasks.host import hold_host
 
 
 def flow_run() -> FlowRun:
@@ -73,7 +73,7 @@ class Run:
     decision: DecisionConfig | None = None
 
     def hold(self) -> AbstractAsyncContextManager[Host]:
-        """The run's host held (its machine's lock) and connected, as ``tasks.host.hold_host`` holds it, with the
+        """The run's host held (its machine's lock) and connected, as ``orchestration.host.hold_host`` holds it, with the
         ssh-host block it came from named in what it logs."""
         return hold_host(self.host, self.host_block)
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestration.blocks import SSHHostBlock
 from specsweep.hosts import open_host
-from tasks.blocks import SSHHostBlock
 from tests.helpers.sshd import SSHServer
 
 

@@ -1,7 +1,7 @@
 """Prefect blocks: SSH hosts and results locations saved once (keys and credentials as secrets) and
 named by flows, and the Secret blocks flows read.
 
-    prefect block register -m tasks.blocks
+    prefect block register -m orchestration.blocks
     SSHHostBlock(hostname="gpu-01", user="bench", private_key=open("id_ed25519").read(),
                  known_hosts=open("known_hosts").read()).save("gpu-01")
 
