@@ -182,7 +182,8 @@ class LlamaCpp(Engine):
              "--spec-draft-n-max": f.integer(1, 64), "--spec-draft-n-min": f.integer(0, 64),
              "--spec-draft-p-min": f.number(0, 1),
              # specsweep route in front of the two servers (the verify stage's run of a threshold)
-             "--speculative": f.loopback_url, "--baseline": f.loopback_url, "--off-from": f.integer(1, 100_000)}
+             "--speculative": f.loopback_url, "--baseline": f.loopback_url, "--off-from": f.integer(1, 100_000),
+             "--overlap": None, "--settle-ms": f.number(0, 30)}
     file_flags = ("--chat-template-file", "--ssl-key-file", "--ssl-cert-file", "--lora", "--control-vector",
                   "--grammar-file", "--json-schema-file", "--api-key-file", "--slot-save-path", "--path",
                   "--log-file", "--media-path")

@@ -4,6 +4,7 @@ specsweep's own load generator; health waits for both; the metrics add up."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import pytest
 from specsweep.bench.config import SweepConfig, WorkloadConfig
 from specsweep.records import Block
 from specsweep.results.store import ResultsStore
-from specsweep.route import merge_metrics
+from specsweep.route import Router, merge_metrics
 from specsweep.sweep import BenchTarget, SweepJob, measure_level
 from tests.helpers.processes import stop_process
 from tests.helpers.sim import running_sim
@@ -26,10 +27,10 @@ from tests.helpers.sshd import free_port
 
 
 @contextmanager
-def running_router(speculative: str, baseline: str, off_from: int) -> Iterator[str]:
+def running_router(speculative: str, baseline: str, off_from: int, *more: str) -> Iterator[str]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "specsweep.route", "--port", str(port), "--speculative", speculative,
-                             "--baseline", baseline, "--off-from", str(off_from)],
+                             "--baseline", baseline, "--off-from", str(off_from), *more],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -51,6 +52,12 @@ def routed(url: str) -> dict[str, int]:
     text = httpx.get(url + "/metrics", timeout=5).text
     return {m.group(1): int(float(m.group(2)))
             for m in re.finditer(r'specsweep_route_requests_total\{upstream="(\w+)"\} (\S+)', text)}
+
+
+def router_figure(url: str, name: str) -> float:
+    m = re.search(rf"^specsweep_route_{name} (\S+)$", httpx.get(url + "/metrics", timeout=5).text, re.M)
+    assert m is not None, name
+    return float(m.group(1))
 
 
 async def test_requests_go_by_the_load_in_flight_and_stream_through(tmp_path: Path) -> None:
@@ -88,6 +95,47 @@ async def test_health_waits_for_both_servers_and_a_dead_one_is_a_502(tmp_path: P
         # off from 1: every generation goes to the baseline, which does not answer yet.
         answer = httpx.post(url + "/v1/completions", json={"prompt": "hello", "max_tokens": 4}, timeout=20)
         assert answer.status_code in (502, 503) and answer.headers["x-specsweep-upstream"] == "baseline"
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["one-at-a-time", "overlap"])
+async def test_one_server_serves_at_a_time_unless_told_otherwise(tmp_path: Path, overlap: bool) -> None:
+    """Two servers sharing this machine's two cores slow each other many times over when both compute: by default the
+    router lets one serve at a time (new requests wait for the switch); --overlap lets both."""
+    store = ResultsStore(tmp_path / "results")
+    more = ["--settle-ms", "0", *(["--overlap"] if overlap else [])]
+    with running_sim("--sim-profile", "tiny-fast", "--speculative-algorithm", "EAGLE3") as (spec, _), \
+            running_sim("--sim-profile", "tiny-fast") as (base, _), \
+            running_router(spec, base, 3, *more) as url:
+        target = BenchTarget(base_url=url, engine="sglang")
+        job = SweepJob(run_id="r", config_name="routed", store=store, workload=WorkloadConfig(input_len=16, output_len=32),
+                       sweep=SweepConfig(num_requests=12, warmup_requests=0))
+        # From idle, six streams at once: the first two arrive below the threshold and go to the speculative server.
+        block = await measure_level(target, job, Block(index=0, mode="concurrency", value=6))
+        both, held = router_figure(url, "both_busy_seconds_total"), router_figure(url, "held_total")
+        counts = routed(url)
+    assert block.completed == 12 and block.failed == 0
+    assert counts["speculative"] >= 1 and counts["baseline"] >= 6
+    if overlap:
+        assert both > 0 and held == 0
+    else:
+        assert both == 0 and held >= 1  # the switch to the baseline waited for the speculative ones
+
+
+async def test_a_burst_is_routed_by_its_whole_size() -> None:
+    """Six requests arriving together at a threshold of three: each waits a few milliseconds for the others, and all
+    go to the baseline; routed at once, the first two would speculate. (With both servers serving at once: one at
+    a time, the third would wait for the first two to end, which these never do.)"""
+    async def burst(settle_s: float) -> list[str]:
+        router = Router("http://127.0.0.1:1", "http://127.0.0.1:2", off_from=3, settle_s=settle_s, overlap=True)
+
+        async def one(delay: float) -> str:
+            await asyncio.sleep(delay)
+            router.in_flight += 1
+            return await router.admit()
+        return await asyncio.wait_for(asyncio.gather(*(one(i * 0.0005) for i in range(6))), 10)
+
+    assert await burst(0.003) == ["baseline"] * 6
+    assert (await burst(0.0)).count("speculative") == 2
 
 
 def test_metrics_of_both_servers_are_summed_once_per_series() -> None:
