@@ -43,11 +43,12 @@ async def measure_level(
     async with target.api() as api:
         model = target.request.model or await api.first_model()
         prompt_set = await _prompts(api, model, workload, count)
-        # No block profits from what an earlier one left in the server's prefix cache: emptied where the engine
-        # can, else (real prompt sets repeat across blocks) each prompt opens with a mark of its own block.
+        # No block profits from what an earlier one, or another configuration on the same server, left in the
+        # server's prefix cache: emptied where the engine can, else each prompt opens with a mark of its own block
+        # and configuration (real prompt sets repeat across blocks; every configuration is sent a block's prompts).
         reset = await api.reset_prefix_cache(engines.cache_resets(target.engine))
-        if reset is None and workload.source != "synthetic":
-            prompt_set = marked(prompt_set, level.key)
+        if reset is None:
+            prompt_set = marked(prompt_set, level.key, job.config_name)
         request = request_for(target.request, workload, prompt_set.prompts)
         warm = (await _prompts(api, model, warmup_workload(workload, prompt_set.prompts), sweep.warmup_requests)).prompts \
             if sweep.warmup_requests else ()
@@ -72,7 +73,7 @@ async def measure_level(
     row = metrics.level_row(run, config_name=job.config_name).model_copy(
         update={"prompts_digest": prompt_set.digest, "prompt_tokens_by": prompt_set.counted_by,
                 "prompt_source": workload.source, "endpoint": request.path_kind, "ignore_eos": request.ignore_eos,
-                "cache_reset": reset or ("unique prompts" if workload.source != "synthetic" else None),
+                "cache_reset": reset or "unique prompts",
                 "temperature": request.temperature, "top_p": request.top_p, **gpu, **tier})
     row = row.model_copy(update=metrics.energy_figures(row, run.records))  # GPU energy from the power sampled
     row = row.model_copy(update={"disturbed": disturbance(run, row.model_dump())})

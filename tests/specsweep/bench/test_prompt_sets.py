@@ -171,6 +171,24 @@ async def test_no_block_profits_from_an_earlier_blocks_cache(tmp_path: Path, eng
         assert rows[0].prompts_digest != rows[1].prompts_digest
 
 
+@pytest.mark.parametrize("source", ["mt-bench", "synthetic"])
+async def test_a_configuration_finds_nothing_another_left_on_a_shared_server(tmp_path: Path, source: str) -> None:
+    """The verify stage's router sends to the very servers the fixed policies are measured on: the same block sent
+    by two configurations to one server without a cache reset finds none of the first one's prompts cached, and
+    both record the same prompts (the digest a comparison checks)."""
+    store = ResultsStore(tmp_path / "results")
+    workload = WorkloadConfig(source=source, output_len=16, input_len=64)
+    jobs = [SweepJob(run_id=name, config_name=name, store=store, workload=workload,
+                     sweep=SweepConfig(concurrency=[4], num_requests=24, warmup_requests=0))
+            for name in ("llamacpp-speculative", "llamacpp-speculative-as-recommended")]
+    with running_sim("--sim-profile", "tiny-fast", "--enable-metrics") as (url, _):
+        target = BenchTarget(base_url=url, engine="llamacpp")
+        rows = [await measure_level(target, job, Block(index=0, mode="concurrency", value=4)) for job in jobs]
+    assert [r.cache_reset for r in rows] == ["unique prompts"] * 2
+    assert rows[1].engine_prefix_cache_hit_rate == 0.0, rows[1].engine_prefix_cache_hit_rate
+    assert rows[0].prompts_digest == rows[1].prompts_digest
+
+
 async def test_a_trace_is_replayed_at_its_own_pace_or_faster(tmp_path: Path) -> None:
     """A file whose lines carry arrival_s is a trace: at a request-rate level its requests are sent at its own
     gaps, scaled to the level's rate (its own rate replays it as recorded; twice that, twice as fast)."""
