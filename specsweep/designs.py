@@ -319,6 +319,10 @@ class Budget:
         part.seconds = None if self.seconds is None else self.seconds * share
         return part
 
+    def remaining_s(self) -> float | None:
+        """Seconds left (None: no budget)."""
+        return None if self.seconds is None else self.seconds - self.spent_s()
+
     def fits(self, cost_s: float, blocks: int = 2) -> bool:
         if self.seconds is None:
             return True
@@ -356,7 +360,9 @@ async def search(base: Arm, spec: Arm, span: SearchRange, decision: DecisionConf
             if any(turn.counted(lv)[0] for lv in levels.values()):
                 comp = compare_levels(turn.out[0], turn.out[1], decision=decision, paired=True,
                                       num_requests=num_requests, answer_levels=most, search=True)
-            step = next_step(comp, answered, decision, num_requests, most, closed)
+            step = next_step(comp, answered, decision, num_requests, most, closed,
+                             remaining_s=budget.remaining_s() if budget is not None else None,
+                             round_s={c: statistics.median(xs) for c, xs in round_s.items() if xs})
             at = step.concurrency
             if at is not None:
                 costs = round_s.get(at) or [s for xs in round_s.values() for s in xs]

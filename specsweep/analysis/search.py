@@ -3,15 +3,19 @@
 A search over concurrency [low, high] measures the two ends, then takes one step at a time (``next_step``):
 
 1. a level measured fewer than ``STEER_ROUNDS`` rounds gets a round (whether speculation is ahead there is not
-   known yet), and each level the answer rests on (``rests_on``) fewer than ``decision.min_blocks``;
+   known yet);
 2. where the verdicts change between two adjacent measured levels a and b (speculation ahead at one, behind at the
    other, by the levels' estimates so far) further apart than ``BRACKET`` (and more than one apart), the
    geometric midpoint of a and b is measured next: published crossovers fall between powers of two, and a level
-   measured there halves the bracket;
-3. else, while the setting's worst-case loss is beyond the margin, the next round goes where that loss lies (the
+   measured there halves the bracket. Within a time budget, only while what is left of it also pays for bounding
+   the bracket the new level makes (``bounded_rounds`` at it and at the nearer end): a bracket bounded at 4 and 8
+   is an answer with a bound, a bracket of 5 and 6 whose intervals are not bounded is none;
+3. each level the answer rests on (``rests_on``) gets rounds until its interval is bounded at all
+   (``bounded_rounds``: the distribution-free interval needs that many at the confidence it is held at);
+4. else, while the setting's worst-case loss is beyond the margin, the next round goes where that loss lies (the
    level whose interval bounds it), as long as the level's budget and the spread so far say it can be settled;
    then to the next such level;
-4. else it stops: settled (the loss within the margin, the threshold bracketed), or nothing more can shrink the
+5. else it stops: settled (the loss within the margin, the threshold bracketed), or nothing more can shrink the
    bound within the levels' budgets.
 
 Bisection assumes what published shapes show: speculation's gain falls as load grows, crossing once. Under that
@@ -34,6 +38,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from specsweep.analysis.decision import DecisionConfig
+from specsweep.analysis.stats import min_rounds
 
 if TYPE_CHECKING:  # compare asks this module how many levels a search may measure
     from specsweep.analysis.compare import Comparison
@@ -92,12 +97,22 @@ class Step:
     why: str
 
 
+def bounded_rounds(decision: DecisionConfig, num_requests: int, most_levels: int) -> int:
+    """The rounds a level needs before its interval is bounded at all, at the confidence a search's intervals are
+    held at (never fewer than ``decision.min_blocks``, never more than a level's budget)."""
+    need = min_rounds(decision.interval_confidence(num_requests, levels=most_levels))
+    return min(max(decision.min_blocks, need), decision.max_blocks(num_requests))
+
+
 def next_step(comp: Comparison | None, rounds: Mapping[int, int], decision: DecisionConfig,
-              num_requests: int, most_levels: int, closed: Collection[int] = ()) -> Step:
+              num_requests: int, most_levels: int, closed: Collection[int] = (), *,
+              remaining_s: float | None = None, round_s: Mapping[int, float] | None = None) -> Step:
     """What the search measures next (module docstring). ``comp``: the comparison of what is measured so far
     (None before any level has the rounds for one); ``rounds``: the rounds that count at each level it has taken up;
     ``most_levels``: the levels the intervals' confidence was split over (``max_levels``), never passed;
-    ``closed``: levels that take no more rounds (every round set aside as often as allowed, or their time spent)."""
+    ``closed``: levels that take no more rounds (every round set aside as often as allowed, or their time spent);
+    ``remaining_s``: what is left of the time budget (None: no budget), with ``round_s``, the seconds a round
+    took at each level measured so far."""
     for c in sorted(rounds, key=lambda c: (rounds[c], c)):  # the fewest rounds first: both ends early
         if rounds[c] < STEER_ROUNDS and c not in closed:
             return Step("round", c, f"C={c} has {rounds[c]} of the {STEER_ROUNDS} rounds that say whether speculation "
@@ -107,14 +122,31 @@ def next_step(comp: Comparison | None, rounds: Mapping[int, int], decision: Deci
     rec = comp.recommendation
     ahead = {lv.concurrency: lv.ratio > 1.0 for lv in comp.levels if not math.isnan(lv.ratio)}
     measured = sorted(ahead)
-    for c in sorted(rests_on({lv.concurrency: lv.ratio for lv in comp.levels if not math.isnan(lv.ratio)})):
-        if rounds.get(c, 0) < decision.min_blocks and c not in closed:
-            return Step("round", c, f"C={c}, which the answer rests on, has {rounds.get(c, 0)} of the "
-                        f"{decision.min_blocks} rounds a level needs")
+    bounded = bounded_rounds(decision, num_requests, most_levels)
+    costs = dict(round_s or {})
+
+    def cost(c: int) -> float:
+        """A round's seconds at c: as measured there, else as at the nearest level above it (rounds cost more as
+        the load grows), else the dearest measured."""
+        if c in costs:
+            return costs[c]
+        above = [x for x in sorted(costs) if x > c]
+        return costs[above[0]] if above else max(costs.values(), default=0.0)
+
+    def owed(c: int) -> float:
+        return max(0, bounded - rounds.get(c, 0)) * cost(c) if c not in closed else 0.0
+
     for a, b in zip(measured, measured[1:], strict=False):
         if ahead[a] != ahead[b] and not bracketed(a, b) and (m := midpoint(a, b)) is not None \
                 and m not in rounds and len(rounds) < most_levels:
+            if remaining_s is not None and bounded * cost(m) + max(owed(a), owed(b)) > remaining_s:
+                break  # what is left pays for bounding the bracket there is, not a narrower one
             return Step("level", m, f"the verdicts change between {a} and {b}: {m} is measured next")
+    for c in sorted(rests_on({lv.concurrency: lv.ratio for lv in comp.levels if not math.isnan(lv.ratio)}),
+                    key=lambda c: (rounds.get(c, 0), c)):
+        if rounds.get(c, 0) < bounded and c not in closed:
+            return Step("round", c, f"C={c}, which the answer rests on, has {rounds.get(c, 0)} of the "
+                        f"{bounded} rounds that bound its interval")
     if rec.worst_case_loss is not None and rec.worst_case_loss <= decision.margin:
         return Step("stop", None, f"settled: the worst-case loss is within the margin ({decision.margin:.0%})")
     budget = decision.max_blocks(num_requests)
