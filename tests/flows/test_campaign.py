@@ -50,3 +50,13 @@ async def test_a_campaign_answers_per_kind_and_reports_a_host_that_fails_without
     records = list((results / "campaigns").glob("*/*.json"))
     assert [p.name for p in records] == ["0.json"]  # the host that finished, for a retried campaign
     assert pids_with_marker(port) == [] and pids_with_marker(port + 1) == []
+
+
+@pytest.mark.parametrize(("queues", "words"), [({"gpu-nowhere": "q"}, "work_queues names gpu-nowhere"),
+                                               ({"local": " "}, "the queue for local is empty")])
+async def test_a_work_queue_for_no_host_is_refused_before_anything_runs(tmp_path: Path, queues: dict[str, str],
+                                                                         words: str) -> None:
+    state = await campaign(hosts=[HostConfig()], benchmark=BenchmarkSettings(results=str(tmp_path / "results")),
+                           work_queues=queues, return_state=True)
+    assert state.is_failed() and words in (state.message or ""), state.message
+    assert not (tmp_path / "results" / "campaigns").exists()

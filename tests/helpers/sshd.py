@@ -64,9 +64,12 @@ class SSHServer:
 
 def start_sshd(workdir: Path, authorized_keys: list[str], *, address: str = "127.0.0.1",
                allow_forwarding: bool = True, log_level: str = "VERBOSE", netns: str | None = None,
-               port: int | None = None, extra_config: str = "", set_env: dict[str, str] | None = None) -> SSHServer:
+               port: int | None = None, extra_config: str = "", set_env: dict[str, str] | None = None,
+               own_processes: bool = False) -> SSHServer:
     """``netns``: run sshd inside that network namespace (``address`` then is the namespace's own).
-    ``set_env``: more environment for its sessions (sshd takes only its first SetEnv line: all go on it)."""
+    ``set_env``: more environment for its sessions (sshd takes only its first SetEnv line: all go on it).
+    ``own_processes``: sshd and what it starts see only their own processes (a PID namespace with its own /proc), as
+    on a machine of their own: several test hosts whose servers use one port do not find each other's."""
     if not os.path.exists(SSHD):
         raise RuntimeError("sshd is not installed: the test command installs openssh-server (scripts/bootstrap.sh)")
     workdir.mkdir(parents=True, exist_ok=True)
@@ -103,6 +106,8 @@ SetEnv {" ".join(f"{k}={v}" for k, v in {"PYENV_REHASH_TIMEOUT": "-1", **(set_en
 {extra_config}"""
     )
     wrap = ["ip", "netns", "exec", netns] if netns else []
+    if own_processes:
+        wrap += ["unshare", "--pid", "--kill-child", "--mount-proc"]
     proc = subprocess.Popen([*wrap, SSHD, "-D", "-f", str(config), "-E", str(workdir / "sshd.log")])
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:

@@ -32,6 +32,7 @@ import logging
 import os
 import random
 import re
+import shlex
 import sys
 import tempfile
 import time
@@ -887,9 +888,17 @@ def _apply_once_file(args: argparse.Namespace) -> None:
     _ONCE_FILE = path
 
 
+#: More arguments from the host's environment, after the command's own (a later one wins): a test host plays other
+#: hardware, or an engine that differs, whatever command the run sends it.
+HOST_ARGS_ENV = "SPECSWEEP_SIM_HOST_ARGS"
+
+
 def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", stream=sys.stdout)
-    args, ignored = parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if host_args := shlex.split(os.environ.get(HOST_ARGS_ENV, "")):
+        logging.info("this host's own arguments (%s): %s", HOST_ARGS_ENV, " ".join(host_args))
+    args, ignored = parse_args(argv + host_args)
     _apply_once_file(args)
     try:
         import uvloop
