@@ -61,10 +61,11 @@ from specsweep.results import comparison_folder, tuning_folder
 
 _SWEEP, _WORKLOAD = LOCAL_BENCHMARK.sweep, LOCAL_BENCHMARK.workload
 #: The main job: a search over 1..8 streams (the local servers have 8 slots: 16 in flight run the batch of 8 with 8
-#: queued, at twice the cost of a round at 8), within 4 minutes of flow time (the verify stage included): with the
-#: set-up, about 5 minutes on this machine. Blocks of 6 requests (2 per slot from C=3 on) of up to 32 tokens, and at
-#: most 12 rounds a level (72 requests of one stream): the distribution-free intervals need rounds more than long
-#: blocks, and the fewer looks a level may take, the fewer rounds bound its interval (9 here, against 11 at 64).
+#: queued, a round there costing about 1.5 times one at 8: 16 s against 11 s), within 4 minutes of flow time (the
+#: verify stage included): with the set-up, about 4.5 minutes on this machine. Blocks of 6 requests (2 per slot from
+#: C=3 on) of up to 32 tokens, and at most 12 rounds a level (72 requests of one stream): the distribution-free
+#: intervals need rounds more than long blocks, and the fewer looks a level may take, the fewer rounds bound its
+#: interval (9 here, against 11 at 64).
 MAIN_SEARCH, MAIN_BUDGET_MINUTES, MAIN_BLOCK, MAIN_OUTPUT_LEN, MAIN_LEVEL_REQUESTS = "1:8", 4.0, 6, 32, 72
 T = TypeVar("T")
 _SWITCHING = ", ".join(e.label for e in engines.ENGINES.values() if not e.no_per_batch_switch)
