@@ -98,11 +98,13 @@ class Run:
         return self.request.model_copy(update={"api_key": profile.api_key})
 
     async def configuration(self, profile: ServerProfile, host_label: str, *,
-                            verifies: tuple[str, str] | None = None) -> Configuration:
+                            verifies: tuple[str, str] | None = None, own_prompts: bool = False) -> Configuration:
         """The configuration's job and run row (the same run id on every retry of the flow run). ``verifies``:
-        (comparison, arm) for the verify stage's runs."""
+        (comparison, arm) for the verify stage's runs; ``own_prompts``: it shares its servers with the others
+        (``SweepJob``)."""
         job = SweepJob(run_id=run_id_for(profile, "verify" if verifies else ""), config_name=profile.name,
-                       store=self.store, workload=self.settings.workload, sweep=self.settings.sweep)
+                       store=self.store, workload=self.settings.workload, sweep=self.settings.sweep,
+                       own_prompts=own_prompts)
         design = None if self.decision is None else (
             self.decision.design if self.decision.design == "sequential" and not verifies
             else f"alternate-{self.decision.alternate_by}")

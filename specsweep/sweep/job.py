@@ -33,13 +33,16 @@ class BenchTarget(BaseModel):
 
 @dataclass(frozen=True)
 class SweepJob:
-    """What every level of one run shares: which run, where it is stored, what to send."""
+    """What every level of one run shares: which run, where it is stored, what to send. ``own_prompts``: this
+    configuration shares its servers with others measured beside it (the verify stage's router, on the fixed
+    policies' servers), so its prompts carry a mark of their own (``sweep.prompts.marked``)."""
 
     run_id: str
     config_name: str
     store: ResultsStore
     workload: WorkloadConfig
     sweep: SweepConfig
+    own_prompts: bool = False
 
 @dataclass(frozen=True)
 class Level:

@@ -4,6 +4,7 @@ a block stored again as judged; a block an earlier try of the run already stored
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 
 from specsweep import engines, metrics
@@ -43,12 +44,17 @@ async def measure_level(
     async with target.api() as api:
         model = target.request.model or await api.first_model()
         prompt_set = await _prompts(api, model, workload, count)
-        # No block profits from what an earlier one, or another configuration on the same server, left in the
-        # server's prefix cache: emptied where the engine can, else each prompt opens with a mark of its own block
-        # and configuration (real prompt sets repeat across blocks; every configuration is sent a block's prompts).
+        # No block profits from what an earlier one left in the server's prefix cache: emptied where the engine
+        # can, else (real prompt sets repeat across blocks) each prompt opens with a mark of its own block; the
+        # configurations compared get the very same prompts (their outputs are compared), but one that shares its
+        # servers with them (the verify stage's router) gets a mark of its own, or it reads their cache.
         reset = await api.reset_prefix_cache(engines.cache_resets(target.engine))
         if reset is None:
-            prompt_set = marked(prompt_set, level.key, job.config_name)
+            shared = marked(prompt_set, level.key) if workload.source != "synthetic" else prompt_set
+            if job.own_prompts:  # its own marks; the digest of what the others are sent (their comparison's check)
+                prompt_set = dataclasses.replace(marked(prompt_set, level.key, job.config_name), digest=shared.digest)
+            else:
+                prompt_set = shared
         request = request_for(target.request, workload, prompt_set.prompts)
         warm = (await _prompts(api, model, warmup_workload(workload, prompt_set.prompts), sweep.warmup_requests)).prompts \
             if sweep.warmup_requests else ()
@@ -73,7 +79,7 @@ async def measure_level(
     row = metrics.level_row(run, config_name=job.config_name).model_copy(
         update={"prompts_digest": prompt_set.digest, "prompt_tokens_by": prompt_set.counted_by,
                 "prompt_source": workload.source, "endpoint": request.path_kind, "ignore_eos": request.ignore_eos,
-                "cache_reset": reset or "unique prompts",
+                "cache_reset": reset or ("unique prompts" if workload.source != "synthetic" or job.own_prompts else None),
                 "temperature": request.temperature, "top_p": request.top_p, **gpu, **tier})
     row = row.model_copy(update=metrics.energy_figures(row, run.records))  # GPU energy from the power sampled
     row = row.model_copy(update={"disturbed": disturbance(run, row.model_dump())})

@@ -50,25 +50,23 @@ async def _prompts(api: ServerAPI, model: str | None, workload: WorkloadConfig, 
     return _prompt_cache[key]
 
 def marked(prompt_set: PromptSet, block: str, config: str = "") -> PromptSet:
-    """The prompts, each opening with a mark of its block, its place and its configuration (``[block#i.ccc]``):
-    nothing one block or one configuration sent is a prefix cached for another, even where two configurations
-    share a server (the verify stage's router sends to the very servers the fixed policies are measured on: with
-    the block's mark alone, its blocks read 2-3x the speculative server's own, from that server's cache). The
-    configuration's part has one length for every name; the digest is the block's, the same for every
-    configuration (a comparison checks that both were sent the same prompts)."""
-    tag = f"{zlib.crc32(config.encode()) % 1000:03d}"
-
+    """The prompts, each opening with a mark of its block and place (``[block#i]``): nothing of one block is a prefix
+    cached by another. The marks are the same in each configuration (the block's key, not the server's), so the
+    configurations compared are sent the very same prompts. With ``config``, the configuration's own mark too
+    (``[block#i.ccc]``, one length for every name), for a configuration that shares its servers with the others
+    (the verify stage's router sends to the very servers the fixed policies are measured on: with the block's mark
+    alone, its blocks read 2-3x the speculative server's own, from that server's cache)."""
     def mark(p: Prompt, i: int, own: str) -> Prompt:
-        mark = f"[{block}#{i}{own}] "
+        tag = f"[{block}#{i}{own}] "
         messages = p.messages
         if messages:
             first_user = next((j for j, (role, _) in enumerate(messages) if role == "user"), 0)
-            messages = tuple((r, mark + c if j == first_user else c) for j, (r, c) in enumerate(messages))
-        return dataclasses.replace(p, text=mark + p.text, messages=messages)
+            messages = tuple((r, tag + c if j == first_user else c) for j, (r, c) in enumerate(messages))
+        return dataclasses.replace(p, text=tag + p.text, messages=messages)
 
-    prompts = tuple(mark(p, i, f".{tag}") for i, p in enumerate(prompt_set.prompts))
-    digest = prompts_digest(tuple(mark(p, i, "") for i, p in enumerate(prompt_set.prompts)))
-    return PromptSet(prompts, prompt_set.counted_by, digest)
+    own = f".{zlib.crc32(config.encode()) % 1000:03d}" if config else ""
+    prompts = tuple(mark(p, i, own) for i, p in enumerate(prompt_set.prompts))
+    return PromptSet(prompts, prompt_set.counted_by, prompts_digest(prompts))
 
 def warmup_workload(workload: WorkloadConfig, prompts: Sequence[Prompt]) -> WorkloadConfig:
     """Prompts for warm-up requests that no level measures (a cache must not hold a measured prompt): synthetic

@@ -172,21 +172,28 @@ async def test_no_block_profits_from_an_earlier_blocks_cache(tmp_path: Path, eng
 
 
 @pytest.mark.parametrize("source", ["mt-bench", "synthetic"])
-async def test_a_configuration_finds_nothing_another_left_on_a_shared_server(tmp_path: Path, source: str) -> None:
-    """The verify stage's router sends to the very servers the fixed policies are measured on: the same block sent
-    by two configurations to one server without a cache reset finds none of the first one's prompts cached, and
-    both record the same prompts (the digest a comparison checks)."""
+async def test_a_configuration_that_shares_a_server_finds_nothing_the_others_left(tmp_path: Path, source: str) -> None:
+    """The verify stage's router sends to the very servers the fixed policies are measured on: its block, sent to a
+    server without a cache reset after another configuration's same block, finds none of that one's prompts cached.
+    The configurations compared with each other are sent the very same prompts (their outputs are compared): the
+    same digest, and the second one's block all cached where they share a server."""
     store = ResultsStore(tmp_path / "results")
     workload = WorkloadConfig(source=source, output_len=16, input_len=64)
-    jobs = [SweepJob(run_id=name, config_name=name, store=store, workload=workload,
-                     sweep=SweepConfig(concurrency=[4], num_requests=24, warmup_requests=0))
-            for name in ("llamacpp-speculative", "llamacpp-speculative-as-recommended")]
+
+    def job(name: str, own: bool = False) -> SweepJob:
+        return SweepJob(run_id=name, config_name=name, store=store, workload=workload, own_prompts=own,
+                        sweep=SweepConfig(concurrency=[4], num_requests=24, warmup_requests=0))
+
     with running_sim("--sim-profile", "tiny-fast", "--enable-metrics") as (url, _):
         target = BenchTarget(base_url=url, engine="llamacpp")
-        rows = [await measure_level(target, job, Block(index=0, mode="concurrency", value=4)) for job in jobs]
-    assert [r.cache_reset for r in rows] == ["unique prompts"] * 2
-    assert rows[1].engine_prefix_cache_hit_rate == 0.0, rows[1].engine_prefix_cache_hit_rate
-    assert rows[0].prompts_digest == rows[1].prompts_digest
+        block = Block(index=0, mode="concurrency", value=4)
+        on = await measure_level(target, job("llamacpp-speculative"), block)
+        routed = await measure_level(target, job("llamacpp-speculative-as-recommended", own=True), block)
+        again = await measure_level(target, job("llamacpp-baseline"), block)
+    assert routed.cache_reset == "unique prompts"
+    assert routed.engine_prefix_cache_hit_rate == 0.0, routed.engine_prefix_cache_hit_rate
+    assert on.prompts_digest == routed.prompts_digest == again.prompts_digest
+    assert again.engine_prefix_cache_hit_rate > 0  # the same prompts as the first: this test can see a cache hit
 
 
 async def test_a_trace_is_replayed_at_its_own_pace_or_faster(tmp_path: Path) -> None:
