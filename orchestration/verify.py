@@ -122,7 +122,11 @@ async def verify_recommendation(run: Run, host: Host, base: Configuration, spec:
     logger.info("verify: %s (%s) against always off and always on, at %s", schedule.name,
                 setting.flags or f"specsweep route --off-from {setting.route_off_from}",
                 ", ".join(str(lv.concurrency) for lv in comparison.levels))
-    arms = [ServerArm(run, host, await run.configuration(profile, host.label, verifies=(key, arm)))
+    # The router sends to the fixed policies' own servers: its prompts carry a mark of their own, or it would read
+    # what they left in those servers' caches.
+    routed = setting.route_off_from is not None
+    arms = [ServerArm(run, host, await run.configuration(profile, host.label, verifies=(key, arm),
+                                                         own_prompts=routed and arm == "schedule"))
             for profile, arm in zip(profiles, names, strict=True)]
     # The levels the answer rests on (a search's steering levels are not among them), in their own order.
     levels = sorted({lv.concurrency for lv in comparison.levels} - set(comparison.steering))
@@ -135,5 +139,8 @@ async def verify_recommendation(run: Run, host: Host, base: Configuration, spec:
             return False
         return settle(clean)
 
-    await designs.in_turn(arms, points, more, restart=restart)
+    if restart:  # one server at a time: in turns of several blocks, a start per arm and round
+        await designs.in_turns(arms, points, more)
+    else:
+        await designs.in_turn(arms, points, more, restart=False)
     return True

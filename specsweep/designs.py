@@ -9,6 +9,8 @@
                                         servers up side by side, or one at a time restarted per block
     in_turn(arms, points, more, ...)    the same for any number of arms (the verify stage: always off,
                                         always on and the recommended setting)
+    in_turns(arms, points, more)        the verify stage one server at a time: turns of several blocks,
+                                        a start per arm and round, never a restart per block
     search(base, spec, span, ...)       the same, a round at a time at the level a search names next
                                         (``specsweep.analysis.search``), within a time budget
 
@@ -109,13 +111,20 @@ async def sequential(arms: Sequence[Arm], points: Sequence[Level], decision: Dec
     other arm over the levels the baseline reached, each until it is settled against the baseline."""
     base_more = baseline_needs_more(decision, num_requests, len(points))
     base_rows = await one(arms[0], points, lambda _p, rows: base_more(rows), stop_at_saturation=stop_at_saturation)
+    return [base_rows, *await against_baseline(base_rows, arms[1:], points, decision, num_requests)]
+
+
+async def against_baseline(base_rows: list[BlockRow], arms: Sequence[Arm], points: Sequence[Level],
+                           decision: DecisionConfig, num_requests: int) -> list[list[BlockRow]]:
+    """Each arm in turn over the levels the baseline's ``base_rows`` reached, each level until it is settled against
+    the baseline (the sequential design's second part; a grid measures some of its points after others)."""
     base = by_level(base_rows)
     reached = [p for p in points if p.index in base]  # the baseline may have stopped at saturation
 
     def against_base(point: Level, rows: list[BlockRow]) -> bool:
         return speculative_needs_more(decision, num_requests, base.get(point.index, []), len(reached))(rows)
 
-    return [base_rows, *[await one(arm, reached, against_base) for arm in arms[1:]]]
+    return [await one(arm, reached, against_base) for arm in arms]
 
 
 async def in_turn(arms: Sequence[Arm], points: Sequence[Level], more: Callable[[list[list[BlockRow]]], bool], *,
@@ -128,6 +137,53 @@ async def in_turn(arms: Sequence[Arm], points: Sequence[Level], more: Callable[[
         return [d or [] for d in done]
     async with taking_turns(arms, restart=restart, stop_at_saturation=stop_at_saturation) as turn:
         return await run_in_turn(list(points), turn=turn, more=more)
+
+
+async def in_turns(arms: Sequence[Arm], points: Sequence[Level],
+                   more: Callable[[list[list[BlockRow]]], bool]) -> list[list[BlockRow]]:
+    """The arms one server at a time, in turns of several blocks (the verify stage where its servers cannot all be
+    up at once): a round is a turn of each arm (``rotation``), and in its turn an arm's server is started once and
+    measures a block at every level that ``more`` says is not settled yet. A level's round with a disturbed block is
+    set aside whole (the others marked as measured beside it), at most MAX_SET_ASIDE times per level. Starts: one
+    per arm and round, where a block per start would take one per arm, level and round."""
+    done = [arm.finished() for arm in arms]
+    if all(d is not None for d in done):
+        return [d or [] for d in done]
+    k = len(arms)
+    out: list[list[BlockRow]] = [[] for _ in range(k)]
+    clean: dict[int, list[list[BlockRow]]] = {p.index: [[] for _ in range(k)] for p in points}
+    level_rows: dict[int, list[list[BlockRow]]] = {p.index: [[] for _ in range(k)] for p in points}
+    aside: dict[int, int] = {}
+    sweeper = Sweeper(False, None)
+    with ExitStack() as records:
+        for arm in arms:
+            records.enter_context(arm.recording())
+        repeat = 0
+        while todo := [p for p in points if aside.get(p.index, 0) <= MAX_SET_ASIDE and more(clean[p.index])]:
+            got: dict[int, dict[int, BlockRow]] = {p.index: {} for p in todo}
+            for a in rotation(k, repeat):
+                async with arms[a].serve() as server:
+                    for n, p in enumerate(todo, 1):
+                        row = await sweeper.block(server.measure, p.block(repeat), server.check)
+                        row = await sweeper.judged(row, level_rows[p.index][a], clean[p.index][a], arms[a].set_aside)
+                        level_rows[p.index][a].append(row)
+                        got[p.index][a] = row
+                        await arms[a].on_block(row, n, len(todo))
+            for p in todo:
+                rows = got[p.index]
+                if any(r.disturbed is not None for r in rows.values()):
+                    for a, row in rows.items():
+                        if row.disturbed is None:
+                            rows[a] = row.model_copy(update={"disturbed": PAIRED_WITH_DISTURBED})
+                            await arms[a].set_aside(rows[a])
+                    aside[p.index] = aside.get(p.index, 0) + 1
+                else:
+                    for a in range(k):
+                        clean[p.index][a].append(rows[a])
+                for a in range(k):
+                    out[a].append(rows[a])
+            repeat += 1
+    return out
 
 
 @asynccontextmanager

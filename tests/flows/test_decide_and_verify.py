@@ -6,6 +6,7 @@ SGLang adaptive file on the engine against always on and always off."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -223,3 +224,29 @@ async def test_a_refused_controller_arm_stops_the_comparison_before_any_host_is_
         await compare_speculation(vllm_baseline("/m"), spec, host, settings(results, [1]), DecisionConfig(
             verify=True, controller_config={"num_speculative_tokens_per_batch_size": [[1, 8, 3], [9, 4096, 0]]}))
     assert not results.exists()
+
+
+async def test_verify_one_server_at_a_time_starts_each_arm_once_a_round_never_per_block(tmp_path: Path) -> None:
+    """Where the servers cannot be up together (alternate_by: restart, the GPU hosts' default), the verify arms take
+    turns of several blocks: each start of an arm's server measures a block at every level still open."""
+    port = free_port()
+    base, spec = sim_pair(port, "tiny-fast")
+    results = tmp_path / "results"
+    t0 = time.time()
+    state = await compare_speculation(base, spec, benchmark=settings(results, [1, 16], num_requests=8),
+                                      return_state=True, decision=DecisionConfig(
+                                          design="alternate", alternate_by="restart", verify=True, min_blocks=3,
+                                          verify_controller=False, max_requests_per_level=40))
+    assert state.is_completed(), state.message
+    comp = (await state.result()).comparison
+    assert comp.verification is not None
+    levels = pd.read_parquet(results / "levels")
+    runs = ResultsStore(results).runs().set_index("run_id")
+    schedule = runs.index[runs["verify_arm"] == "schedule"][0]
+    blocks = levels[levels["run_id"] == schedule]
+    starts = [log for log in (Path.home() / ".specsweep" / "logs").glob(f"{runs.loc[schedule, 'config_name']}-{port}-*.log")
+              if log.stat().st_mtime >= t0]
+    # Every start measured the levels open in its round: as many starts as rounds, fewer than blocks.
+    assert len(starts) == blocks["repeat"].nunique() >= 3, (len(starts), blocks[["concurrency", "repeat"]])
+    assert len(blocks) > len(starts)
+    assert pids_with_marker(port) == []

@@ -118,6 +118,26 @@ async def test_in_turn_rotates_three_arms_and_records_each_once() -> None:
     assert [len(rows) for rows in out] == [3, 3, 3] and base.recorded == spec.recorded == third.recorded == 1
 
 
+async def test_in_turns_starts_each_server_once_a_round_and_measures_every_open_level_in_its_turn() -> None:
+    """The verify stage one server at a time: a start per arm and round, never a restart per block; a level that
+    is settled takes no more blocks while the others go on."""
+    log: list[str] = []
+    base, spec = arms(log)
+    third = FakeArm("sched", lambda c: 200.0 if c == 1 else 800.0, log)
+
+    def more(clean: list[list[BlockRow]]) -> bool:  # C=1 settles after 2 rounds, C=8 after 3
+        return len(clean[0]) < (2 if clean[0] and clean[0][0].concurrency == 1 else 3)
+
+    out = await designs.in_turns([base, spec, third], LEVELS, more)
+    assert [len(rows) for rows in out] == [5, 5, 5]  # 2 at C=1 and 3 at C=8, each arm
+    assert log.count("start base") == log.count("start spec") == log.count("start sched") == 3  # one a round
+    first_turn = log[:log.index("stop base") + 1]
+    assert first_turn == ["start base", "base C=1 #0", "base C=8 #0", "stop base"]
+    third_round = log[-9:]  # C=1 is settled: each turn measures C=8 alone
+    assert [line for line in third_round if " C=" in line] == ["sched C=8 #2", "base C=8 #2", "spec C=8 #2"]
+    assert base.recorded == spec.recorded == third.recorded == 1
+
+
 async def test_an_arm_an_earlier_try_finished_is_not_measured_again() -> None:
     log: list[str] = []
     base, spec = arms(log)
