@@ -224,13 +224,17 @@ def compare_speculation(
     _print_comparison(result, t0)
 
 
-def _grid(items: list[str]) -> dict[str, list[int | float]] | None:
-    grid: dict[str, list[int | float]] = {}
+def _grid(items: list[str], method_field: str | None = None) -> dict[str, list[int | float | str]] | None:
+    """``--grid`` items as the flow's grid: numbers, but the names of methods for the engine's method field."""
+    grid: dict[str, list[int | float | str]] = {}
     for item in items:
         key, sep, values = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--grid takes FIELD=V1,V2,... such as draft_max=2,4,8 (got {item!r})")
-        grid[key.strip()] = numbers(values, number, f"--grid {key.strip()}") or []
+        if key.strip() == method_field:
+            grid[key.strip()] = [v.strip() for v in values.split(",") if v.strip()]
+        else:
+            grid[key.strip()] = list(numbers(values, number, f"--grid {key.strip()}") or [])
     return grid or None
 
 
@@ -258,7 +262,9 @@ def tune(
     settings: Annotated[Optional[Path], typer.Option(
         help="The engine's settings (JSON, as the flow's settings parameter); default the local llama.cpp's.")] = None,
     grid: Annotated[Optional[list[str]], typer.Option(
-        help="A speculation field and its values, FIELD=V1,V2 (repeatable); default the engine's small grid.")] = None,
+        help="A speculation field and its values, FIELD=V1,V2 (repeatable), e.g. draft_max=2,4,8; the method field "
+        "spans methods, e.g. spec_type=draft-simple,ngram-simple (llama.cpp), method=ngram,eagle3 (vLLM); default the "
+        "engine's small grid.")] = None,
     host_file: HostFile = None,
     levels: Levels = ",".join(map(str, _SWEEP.concurrency)),
     num_prompts: NumPrompts = _SWEEP.num_requests,
@@ -277,7 +283,7 @@ def tune(
     t0 = time.monotonic()
     try:
         chosen = _settings(engine, settings)
-        points = _grid(grid or [])
+        points = _grid(grid or [], engines.of_settings(chosen).method_field)
         grid_profiles(chosen, points)  # a bad grid is refused before any flow run
         decision = LOCAL_DECISION.model_copy(update={"design": "sequential", "margin": margin,
                                                      "max_requests_per_level": max_requests_per_level})

@@ -141,10 +141,11 @@ async def publish_temperatures(comparisons: dict[str, Comparison], baseline: str
 
 @task(name="publish_tuning", cache_policy=NO_CACHE)
 async def publish_tuning(engine: str, baseline_run_id: str, point_runs: dict[str, str], points: list[GridPoint],
-                         store: ResultsStore, decision: DecisionConfig) -> Tuning:
+                         store: ResultsStore, decision: DecisionConfig,
+                         skipped: dict[str, str] | None = None) -> Tuning:
     """The grid's answer from the store: the report folder, a markdown artifact, the log."""
     logger = run_logger()
-    tuning = tune_runs(store, engine, baseline_run_id, point_runs, points, decision)
+    tuning = tune_runs(store, engine, baseline_run_id, point_runs, points, decision, skipped)
     plot = tuning_plot(tuning)
     urls = await asyncio.to_thread(write_tuning_report, tuning, store, plot)
     folder = store.location.url_of(tuning_folder(tuning.baseline_run_id))

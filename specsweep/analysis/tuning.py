@@ -3,6 +3,9 @@ the engines' own per-batch forms.
 
 A grid names speculation fields of an engine's settings (each engine's module lists the fields
 a grid may vary, and which is its K) with the values to try; its points are every combination.
+Where the engine names how it speculates in a field (``method_field``: vLLM's method, llama.cpp's
+spec_type), a grid may span methods too, and its answer is then the best method and setting per
+batch range; a single launch carries it only where the ranges share one method.
 
 Each point is compared with the baseline level by level exactly as one comparison is
 (``specsweep.analysis.compare``: the same intervals and verdicts). At each level the best point is
@@ -23,6 +26,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from specsweep import engines
+from specsweep.acceptance import is_chain
 from specsweep.analysis.compare import Comparison, carrying, compare_runs
 from specsweep.analysis.decision import DecisionConfig
 from specsweep.analysis.recommend import LevelVerdict, Recommendation, batch_above, recommend
@@ -30,6 +34,7 @@ from specsweep.analysis.stats import Verdict
 from specsweep.engines import EngineSettings, PerBatchSetting, SpeculationSettings
 from specsweep.engines.base import MAX_BATCH
 from specsweep.errors import ConfigError
+from specsweep.records import BlockRow
 from specsweep.results import ResultsStore
 
 #: Each point restarts the server and measures every level: a larger grid is a mistake more often than not.
@@ -43,17 +48,22 @@ class GridPoint(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    label: str = Field(description="Short name, e.g. k3 or steps3-topk1 (the profile's name ends with it).")
-    values: dict[str, int | float]
+    label: str = Field(description="Short name, e.g. k3, steps3-topk1 or ngram-k3 (the profile's name ends with it).")
+    values: dict[str, int | float | str]
     k: int = Field(ge=1, description="Tokens drafted per step: the value of the engine's K field.")
+    method: str | None = Field(None, description="How it speculates (the engine's method field), where the engine "
+                               "names it in one.")
 
 
-def _label(engine: str, values: Mapping[str, int | float]) -> str:
+GridValue = int | float | str
+
+
+def _label(engine: str, values: Mapping[str, GridValue]) -> str:
     short = engines.get(engine).grid_fields
     return "-".join(f"{short[k]}{v:g}" if isinstance(v, float) else f"{short[k]}{v}" for k, v in values.items())
 
 
-def grid_points(settings: EngineSettings, grid: Mapping[str, Sequence[int | float]] | None) -> list[GridPoint]:
+def grid_points(settings: EngineSettings, grid: Mapping[str, Sequence[GridValue]] | None) -> list[GridPoint]:
     """The grid's points, each checked against the engine's settings. Errors name the field and the fix."""
     engine = engines.of_settings(settings)
     fields = engine.grid_fields
@@ -78,11 +88,12 @@ def grid_points(settings: EngineSettings, grid: Mapping[str, Sequence[int | floa
         values = dict(zip(keys, combo, strict=True))
         label = _label(engine.name, values)
         variant = point_settings(settings, values, label)
-        points.append(GridPoint(label=label, values=values, k=int(getattr(variant, engine.k_field))))
+        method = str(getattr(variant, engine.method_field)) if engine.method_field else None
+        points.append(GridPoint(label=label, values=values, k=int(getattr(variant, engine.k_field)), method=method))
     return points
 
 
-def point_settings(settings: EngineSettings, values: Mapping[str, int | float], label: str) -> EngineSettings:
+def point_settings(settings: EngineSettings, values: Mapping[str, GridValue], label: str) -> EngineSettings:
     """The engine settings with one point's values in place; refused, naming the point and field, where invalid."""
     try:
         variant = type(settings).model_validate({**settings.model_dump(), **values})
@@ -128,7 +139,8 @@ class SettingRange(BaseModel):
     batch_to: int
     point: str | None = Field(description="The grid point; None: speculation off.")
     k: int = Field(description="Tokens drafted per step; 0: off.")
-    values: dict[str, int | float] = Field(default_factory=dict)
+    values: dict[str, int | float | str] = Field(default_factory=dict)
+    method: str | None = Field(None, description="How the point speculates, where the engine names it.")
 
 
 class Tuning(BaseModel):
@@ -142,6 +154,8 @@ class Tuning(BaseModel):
     ranges: list[SettingRange] = Field(default_factory=list, description="The setting per batch-size range (decided "
                                        "or the best available).")
     setting: PerBatchSetting | None = Field(None, description="The ranges in the form the engine loads.")
+    skipped: dict[str, str] = Field(default_factory=dict, description="Grid points not measured, each with why: a "
+                                    "PREDICTION from a larger K's acceptance profile that it cannot win at any level.")
     margin: float
     host: str | None = None
     notes: list[str] = Field(default_factory=list)
@@ -204,7 +218,8 @@ def setting_ranges(levels: Sequence[LevelChoice], points: Sequence[GridPoint],
     for i, (start, point) in enumerate(starts):
         end = starts[i + 1][0] - 1 if i + 1 < len(starts) else MAX_BATCH
         ranges.append(SettingRange(batch_from=start, batch_to=end, point=point.label if point else None,
-                                   k=point.k if point else 0, values=dict(point.values) if point else {}))
+                                   k=point.k if point else 0, values=dict(point.values) if point else {},
+                                   method=point.method if point else None))
     return ranges
 
 
@@ -234,6 +249,14 @@ def tune(engine: str, comparisons: Mapping[str, Comparison], points: Sequence[Gr
                             "(alternate design) on the two settings concerned.")
     if levels:  # a setting from every grid, decided or the best available (its status and bound say which)
         tuning.ranges = setting_ranges(levels, points, rec.speculation_off_from)
+        if len(methods := list(dict.fromkeys(r.method for r in tuning.ranges if r.point and r.method))) > 1:
+            # One server speculates by one method: no single launch carries ranges of several.
+            tuning.notes.append(
+                f"The best method changes with the load ({'; '.join(_range_words(r) for r in tuning.ranges)}): one "
+                f"server speculates by one method, so no single launch carries this answer. Deploy one server per "
+                f"method ({', '.join(methods)}) behind a router that sends each load to its own, or the method of the "
+                "range that carries most of your traffic; the grid's report gives each method's ratio per level.")
+            return tuning
         k_max = max((r.k for r in tuning.ranges), default=0) or max(p.k for p in points)
         # The setting takes the drafting of the points it uses (one with more candidates per step than the
         # engine's per-batch switch allows is named by the engine).
@@ -248,9 +271,76 @@ def tune(engine: str, comparisons: Mapping[str, Comparison], points: Sequence[Gr
 
 
 def tune_runs(store: ResultsStore, engine: str, baseline_run_id: str, point_runs: Mapping[str, str],
-              points: Sequence[GridPoint], decision: DecisionConfig) -> Tuning:
-    """The tuning from the store: the baseline's run and each point's (by label)."""
+              points: Sequence[GridPoint], decision: DecisionConfig,
+              skipped: Mapping[str, str] | None = None) -> Tuning:
+    """The tuning from the store: the baseline's run and each measured point's (by label); ``skipped``: the points
+    not measured, with why."""
     comparisons = {label: compare_runs(store, baseline_run_id, run_id, decision=decision)
                    for label, run_id in point_runs.items()}
     speculation = next((c.speculation for c in comparisons.values() if c.speculation is not None), None)
-    return tune(engine, comparisons, points, margin=decision.margin, speculation=speculation)
+    tuning = tune(engine, comparisons, [p for p in points if p.label in point_runs], margin=decision.margin,
+                  speculation=speculation)
+    tuning.skipped = dict(skipped or {})
+    tuning.notes.extend(f"{label} not measured: {why}" for label, why in tuning.skipped.items())
+    return tuning
+
+
+# -- skipping what cannot win ----------------------------------------------------------------------
+
+
+def chains(engine: str, points: Sequence[GridPoint], method: str | None = None,
+           eagle_topk: int | None = None) -> list[list[GridPoint]]:
+    """The grid's chain-drafter points that differ only in K, in groups of two or more, the largest K first
+    (``method`` and ``eagle_topk``: the speculative configuration's, for points that do not set them)."""
+    k_field = engines.get(engine).k_field
+    groups: dict[str, list[GridPoint]] = {}
+    for p in points:
+        topk = p.values.get("eagle_topk", eagle_topk)
+        if not is_chain(p.method or method, int(topk) if isinstance(topk, int | float) else None):
+            continue
+        key = repr(sorted((k, v) for k, v in p.values.items() if k != k_field))
+        groups.setdefault(key, []).append(p)
+    return [sorted(g, key=lambda p: -p.k) for g in groups.values() if len(g) > 1]
+
+
+def measure_first(engine: str, points: Sequence[GridPoint], method: str | None = None,
+                  eagle_topk: int | None = None) -> list[GridPoint]:
+    """The points to measure before any is skipped: all but the smaller Ks of each chain group."""
+    later = {p.label for g in chains(engine, points, method, eagle_topk) for p in g[1:]}
+    return [p for p in points if p.label not in later]
+
+
+def marginal_per_position(rows: Sequence[BlockRow]) -> list[float]:
+    """The marginal acceptance per draft position from the engine's per-position counters (accepted at position i
+    per draft), over the blocks that count, each weighted alike; [] where none has them."""
+    found = [r.spec_acceptance_per_position for r in rows if r.disturbed is None and r.spec_acceptance_per_position]
+    if not found:
+        return []
+    k = min(len(f) for f in found)
+    return [sum(f[i] for f in found) / len(found) for i in range(k)]
+
+
+def predicted_to_lose(measured: GridPoint, comp: Comparison, marginal: Sequence[float],
+                      smaller: Sequence[GridPoint]) -> dict[str, str]:
+    """The points of ``smaller`` (the same drafter at a smaller K) that cannot win at any level, by the prediction of
+    the module docstring from ``measured`` (its comparison with the baseline and its marginal acceptance per
+    position), each with why. Nothing where a level's interval is unbounded or the profile is shorter than K."""
+    if len(marginal) < measured.k or not comp.levels:
+        return {}
+    al_k = 1 + sum(marginal[:measured.k])
+    fits: list[tuple[int, float, float]] = []  # (level, c, the measured K's low)
+    for lv in comp.levels:
+        if lv.ratio_high is None or lv.ratio_low is None or lv.ratio_high <= 0:
+            return {}
+        fits.append((lv.concurrency, max(0.0, (al_k / lv.ratio_high - 1) / measured.k), lv.ratio_low))
+    out = {}
+    for p in smaller:
+        al = 1 + sum(marginal[:p.k])
+        best = {c: al / (1 + cost * p.k) for c, cost, _ in fits}
+        if all(best[c] < max(1.0, low) for c, _, low in fits):
+            shown = ", ".join(f"{c}: at most x{best[c]:.2f}" for c, _, _ in fits)
+            out[p.label] = (f"PREDICTION, not measured: from {measured.label}'s acceptance profile, {p.label} accepts "
+                            f"{al:.2f} tokens a step against {al_k:.2f}, and even at the cheapest drafting that "
+                            f"{measured.label}'s intervals allow it beats neither the baseline nor {measured.label} "
+                            f"at any level ({shown})")
+    return out

@@ -119,6 +119,9 @@ class Engine:
     grid_fields: ClassVar[Mapping[str, str]]
     #: The field that is the engine's K (tokens drafted per step): what the per-batch forms carry.
     k_field: ClassVar[str]
+    #: The field that names how it speculates (n-gram, a draft model, EAGLE-3, ...): a grid may span its values, and
+    #: its answer then says the best method and setting per batch range. None: one method per launch only.
+    method_field: ClassVar[str | None] = None
     default_grid: ClassVar[Mapping[str, list[int | float]]]
     metrics: ClassVar[MetricNames] = MetricNames()
     #: Added to every streamed OpenAI request body.

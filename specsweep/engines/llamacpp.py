@@ -49,6 +49,8 @@ LAUNCHER = "specsweep.targets.llamacpp.launcher"
 
 #: llama.cpp's --spec-type, as vLLM names the method.
 _METHOD = {"draft-simple": "draft_model", "ngram-simple": "ngram", "ngram-mod": "ngram"}
+#: How llama.cpp's server drafts (--spec-type): the draft model, or n-grams of the text so far.
+SPEC_TYPES = tuple(_METHOD)
 
 
 def default_models_dir() -> Path:
@@ -112,12 +114,17 @@ def speculative(
     *, model_path: str | None = None, draft_model_path: str | None = None, parallel: int = 8, ctx: int = 16384,
     threads: int = 2, draft_max: int = 8, draft_min: int = 0, draft_p_min: float | None = None,
     port: int = DEFAULT_PORT, name: str = "llamacpp-speculative", layers: int | None = None,
+    spec_type: str = "draft-simple",
 ) -> ServerProfile:
-    model, draft = _models(model_path, draft_model_path, need_draft=True, layers=layers)
-    assert draft is not None
+    """``spec_type``: draft-simple (the draft model), or ngram-simple / ngram-mod (drafts from the text so far: no
+    draft model is loaded)."""
+    if spec_type not in SPEC_TYPES:
+        raise ConfigError(f"spec_type must be one of {', '.join(SPEC_TYPES)} (got {spec_type!r})")
+    model, draft = _models(model_path, draft_model_path, need_draft=spec_type == "draft-simple", layers=layers)
     if draft_max < 1 or not 0 <= draft_min <= draft_max:
         raise ConfigError(f"draft_max must be at least 1 and draft_min from 0 to draft_max (got {draft_max}, {draft_min})")
-    argv = [*_common(model, parallel, ctx, threads), "-md", draft, "--spec-type", "draft-simple",
+    drafter = ["-md", draft] if spec_type == "draft-simple" and draft else []
+    argv = [*_common(model, parallel, ctx, threads), *drafter, "--spec-type", spec_type,
             "--spec-draft-n-max", str(draft_max)]
     if draft_min:
         argv += ["--spec-draft-n-min", str(draft_min)]
@@ -149,6 +156,9 @@ class LlamaCppSettings(EngineSettings):
                            "draft_max 16, 8 streams lose clearly (x0.72) but 2 and 4 gain nothing (x1.02, x1.03; "
                            "1 stream x1.15).")
     draft_min: int = Field(0, ge=0, le=64, description="Fewest tokens drafted per step (--spec-draft-n-min).")
+    spec_type: Literal["draft-simple", "ngram-simple", "ngram-mod"] = Field(
+        "draft-simple", description="How it drafts (--spec-type): draft-simple, the draft model; ngram-simple or "
+        "ngram-mod, n-grams of the text so far (no draft model). A tune grid may span them (grid.spec_type).")
     draft_p_min: float | None = Field(None, ge=0, le=1, description="Least probability of a drafted token "
                                       "(--spec-draft-p-min); default llama.cpp's own.")
     layers: int = Field(12, ge=2, le=64, description="Blocks of the generated target model (its draft is the first "
@@ -167,7 +177,7 @@ class LlamaCppSettings(EngineSettings):
         if kind == "baseline":
             return baseline(**common)
         return speculative(draft_model_path=self.draft_model_path, draft_max=self.draft_max, draft_min=self.draft_min,
-                           draft_p_min=self.draft_p_min, **common)
+                           draft_p_min=self.draft_p_min, spec_type=self.spec_type, **common)
 
 
 class LlamaCpp(Engine):
@@ -188,8 +198,9 @@ class LlamaCpp(Engine):
                   "--grammar-file", "--json-schema-file", "--api-key-file", "--slot-save-path", "--path",
                   "--log-file", "--media-path")
     settings = LlamaCppSettings
-    grid_fields = {"draft_max": "dmax", "draft_min": "dmin", "draft_p_min": "pmin"}
+    grid_fields = {"spec_type": "", "draft_max": "dmax", "draft_min": "dmin", "draft_p_min": "pmin"}
     k_field = "draft_max"
+    method_field = "spec_type"
     default_grid = {"draft_max": [2, 4, 8]}
     no_per_batch_switch = (
         "llama.cpp cannot take a per-batch schedule: its draft settings (--spec-draft-n-max, --spec-draft-n-min, "

@@ -336,8 +336,9 @@ class VLLM(Engine):
     code_flags = ("--trust-remote-code", "--middleware", "--worker-cls", "--worker-extension-cls",
                   "--logits-processors")
     settings = VLLMSettings
-    grid_fields = {"num_speculative_tokens": "k"}
+    grid_fields = {"method": "", "num_speculative_tokens": "k"}
     k_field = "num_speculative_tokens"
+    method_field = "method"
     default_grid = {"num_speculative_tokens": [1, 3, 5]}
     metrics = MetricNames(
         gauges={"running": ("vllm:num_requests_running",), "waiting": ("vllm:num_requests_waiting",),

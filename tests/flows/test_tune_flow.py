@@ -58,7 +58,8 @@ async def until_written(folder: Path, pattern: str, timeout: float = 360) -> Non
 # undetermined, at 4 and then at 16, with 96 and then 192 requests a level.
 @pytest.mark.solo
 async def test_sglang_grid_on_the_simulator_retried_like_the_ui_then_its_file_tried(tmp_path: Path) -> None:
-    """Steps 1 and 3 against the baseline at C=1, 4 and 16 on the SGLang simulator. The second setting's
+    """Steps 1 and 3 against the baseline at C=1, 4 and 16 on the SGLang simulator: the larger K first (its
+    acceptance profile could spare the smaller one; here it cannot, steps 1 wins at 4). The second setting's
     server fails to start once; the UI's Retry keeps the baseline and the first setting and measures the
     second. The answer: 3 steps for one stream, 1 step at 4, off from 16, as SGLang's adaptive file; the
     simulator then runs that file as SGLang would. Every level carries the engine's gauges (its running
@@ -81,7 +82,7 @@ async def test_sglang_grid_on_the_simulator_retried_like_the_ui_then_its_file_tr
     with serving("flows.tune_speculation", "tune_speculation", "tune-test", env={"PATH": nvidia_smi_on_path(tmp_path)}):
         await wait_for_deployment("tune-speculation/tune-test")
         run = await run_deployment("tune-speculation/tune-test", parameters=params, timeout=0)
-        await until_written(results / "levels", "*sim-eagle3-steps1*/*.parquet")
+        await until_written(results / "levels", "*sim-eagle3-steps3*/*.parquet")
         once.unlink()  # the next start (the second setting's) crashes, once
         failed = await wait_for_state(run.id, {"Failed", "Completed", "Crashed"})
         assert failed.state.name == "Failed" and once.exists(), failed.state
@@ -99,9 +100,9 @@ async def test_sglang_grid_on_the_simulator_retried_like_the_ui_then_its_file_tr
     # The finished configurations were not measured again, nor their servers started again.
     assert {p: p.stat().st_mtime_ns for p in kept} == kept
     starts = [tr.name for tr in task_runs if tr.name.startswith("start_server")]
-    assert len(starts) == 4, starts  # baseline, steps1, steps3 (crashed), steps3 again
+    assert len(starts) == 4, starts  # baseline, steps3, steps1 (crashed), steps1 again
     log = (Path(__file__).resolve().parents[2] / "data" / ".runner-tune-test.log").read_text()
-    assert "sim-baseline finished in an earlier try" in log and "sim-eagle3-steps1 finished in an earlier try" in log
+    assert "sim-baseline finished in an earlier try" in log and "sim-eagle3-steps3 finished in an earlier try" in log
 
     store = ResultsStore(results)
     runs = store.runs().set_index("config_name")
@@ -154,17 +155,19 @@ async def test_sglang_grid_on_the_simulator_retried_like_the_ui_then_its_file_tr
 
 
 @pytest.mark.solo  # llama.cpp's threads busy-wait: beside other tests its levels take ten times as long
-async def test_llamacpp_draft_max_grid_on_this_machine(tmp_path: Path) -> None:
-    """The main job's machine: a small draft-max grid on the real llama.cpp, one server at a time, on chat
-    messages of the user's (llama.cpp applies the model's own template; short ones: on this CPU a long prompt
-    takes as long to read as its answer to write)."""
+async def test_llamacpp_grid_over_its_drafting_methods_on_this_machine(tmp_path: Path) -> None:
+    """The main job's machine: a small grid on the real llama.cpp over two ways of drafting (the draft model, and
+    n-grams of the text so far: no draft model loaded), one server at a time, on chat messages of the user's
+    (llama.cpp applies the model's own template; short ones: on this CPU a long prompt takes as long to read as
+    its answer to write)."""
     port = free_port()
     results = tmp_path / "results"
     chats = tmp_path / "chats.jsonl"
     chats.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"write the story of river {i}"}],
                                          "category": ("story", "water")[i % 2]}) + "\n" for i in range(24)))
     state = await tune_speculation(
-        settings=LlamaCppSettings(port=port), grid={"draft_max": [2, 6]}, return_state=True,
+        settings=LlamaCppSettings(port=port), grid={"spec_type": ["draft-simple", "ngram-simple"], "draft_max": [6]},
+        return_state=True,
         benchmark={"sweep": {"concurrency": [1, 4], "num_requests": 12, "warmup_requests": 1},  # type: ignore[arg-type]
                    "workload": {"source": "file", "prompts_file": str(chats), "output_len": 32},
                    "results": str(results)},
@@ -173,14 +176,18 @@ async def test_llamacpp_draft_max_grid_on_this_machine(tmp_path: Path) -> None:
     assert state.is_completed(), state.message
     result = await state.result()
     tuning = result.tuning
-    assert [p.label for p in tuning.points] == ["dmax2", "dmax6"]
+    assert [(p.label, p.method) for p in tuning.points] == [("draft-simple-dmax6", "draft-simple"),
+                                                            ("ngram-simple-dmax6", "ngram-simple")]
     assert [lv.concurrency for lv in tuning.levels] == [1, 4]
-    assert set(result.points) == {"dmax2", "dmax6"}
-    runs = ResultsStore(results).runs()
-    assert sorted(runs["config_name"]) == ["llamacpp-baseline", "llamacpp-speculative-dmax2",
-                                           "llamacpp-speculative-dmax6"]
-    assert "--spec-draft-n-max 6" in runs.set_index("config_name").loc["llamacpp-speculative-dmax6", "command"]
+    assert set(result.points) == {"draft-simple-dmax6", "ngram-simple-dmax6"}
+    runs = ResultsStore(results).runs().set_index("config_name")
+    assert sorted(runs.index) == ["llamacpp-baseline", "llamacpp-speculative-draft-simple-dmax6",
+                                  "llamacpp-speculative-ngram-simple-dmax6"]
+    ngram = runs.loc["llamacpp-speculative-ngram-simple-dmax6", "command"]
+    assert "--spec-type ngram-simple" in ngram and "--spec-draft-n-max 6" in ngram and " -md " not in ngram
+    assert " -md " in runs.loc["llamacpp-speculative-draft-simple-dmax6", "command"]
     levels = pd.read_parquet(results / "levels")
+    assert levels.groupby("config_name")["completed"].sum().ge(24).all()
     # llama.cpp's own counters and gauges (--metrics), differenced and sampled per level.
     spec = levels[levels["config_name"] != "llamacpp-baseline"]
     assert spec["engine_generation_tokens"].eq(spec["output_tokens_total"]).all()
@@ -188,8 +195,8 @@ async def test_llamacpp_draft_max_grid_on_this_machine(tmp_path: Path) -> None:
     long = levels[levels["duration_s"] >= 1.0]
     assert len(long) and long["engine_running_max"].between(1, 4).all(), levels[["duration_s", "engine_running_max"]]
     if tuning.recommendation.status == "decided":
-        assert tuning.ranges and tuning.ranges[0].batch_from == 1
-        assert any("no per-batch speculation switch" in n for n in tuning.notes)
+        assert tuning.ranges and tuning.ranges[0].batch_from == 1 and tuning.ranges[0].method in (
+            "draft-simple", "ngram-simple")
     else:
         assert tuning.recommendation.measure_next
     report = results / "reports" / f"tune-{result.baseline.run_id}"

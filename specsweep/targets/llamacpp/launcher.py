@@ -82,10 +82,11 @@ def build_params(args: argparse.Namespace) -> Any:  # an xllamacpp.CommonParams 
         p.speculative.draft.cpuparams.n_threads = args.threads
         p.speculative.draft.cpuparams_batch.n_threads = args.threads_batch or args.threads
         p.speculative.draft.cpuparams.poll = p.speculative.draft.cpuparams_batch.poll = args.poll
-        p.speculative.draft.n_max = args.spec_draft_n_max
-        p.speculative.draft.n_min = args.spec_draft_n_min
-        if args.spec_draft_p_min is not None:
-            p.speculative.draft.p_min = args.spec_draft_p_min
+    # How many tokens a step drafts, whatever drafts them (a draft model, or n-grams of the text so far).
+    p.speculative.draft.n_max = args.spec_draft_n_max
+    p.speculative.draft.n_min = args.spec_draft_n_min
+    if args.spec_draft_p_min is not None:
+        p.speculative.draft.p_min = args.spec_draft_p_min
     if args.spec_type != "none":
         if args.spec_type == "draft-simple" and not args.model_draft:
             raise SystemExit("--spec-type draft-simple needs a draft model: add -md DRAFT.gguf")

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from specsweep.analysis.compare import compare_runs
 from specsweep.analysis.decision import DecisionConfig
-from specsweep.analysis.tuning import grid_points, tune_runs
+from specsweep.analysis.tuning import chains, grid_points, measure_first, predicted_to_lose, tune_runs
 from specsweep.engines.llamacpp import LlamaCppSettings
 from specsweep.engines.sglang import SGLangSettings
 from specsweep.engines.sglang import check_adaptive_config as check_sglang_adaptive_config
@@ -90,6 +91,63 @@ def test_the_best_k_per_range_becomes_vllms_schedule(tmp_path: Path) -> None:
     assert (folder / "speedup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_grid_over_methods_gives_the_best_method_per_range_and_no_single_launch(tmp_path: Path) -> None:
+    """n-gram drafting is cheap and pays for one stream; the draft model pays under more load; nothing at 16. The
+    answer names the method per range, and says no single launch carries it."""
+    points = grid_points(VLLM, {"method": ["ngram", "draft_model"], "num_speculative_tokens": [3]})
+    assert [(p.label, p.method, p.k) for p in points] == [("ngram-k3", "ngram", 3), ("draft_model-k3", "draft_model", 3)]
+    ngram = ("python -m vllm.entrypoints.openai.api_server --model /m/llama --speculative-config "
+             "'{\"method\":\"ngram\",\"num_speculative_tokens\":%d,\"prompt_lookup_max\":4,\"prompt_lookup_min\":2}'")
+    store = grid_store(tmp_path / "res", BASE, {3: K[3]})  # the draft model's run: k3
+    for run_id, blocks in (("ng", levels({1: 190, 4: 320, 8: 480, 16: 520})),):
+        store.write_run(run_id, RunRow(config_name="vllm-ngram-k3", engine="vllm", host="gpu-01", status="completed",
+                                       command=ngram % 3, design="sequential",
+                                       sweep_json=json.dumps({"num_requests": 16}), engine_version="vllm 0.32.0"))
+        for r in rows("vllm-ngram-k3", blocks):
+            store.write_level(run_id, r.level.key, r, [])
+    tuning = tune_runs(store, "vllm", "base", {"ngram-k3": "ng", "draft_model-k3": "k3"}, points, DecisionConfig())
+    assert [(lv.concurrency, lv.best) for lv in tuning.levels] == [
+        (1, "ngram-k3"), (4, "draft_model-k3"), (8, "draft_model-k3"), (16, "draft_model-k3")]
+    assert [(r.point, r.method) for r in tuning.ranges] == [("ngram-k3", "ngram"), ("draft_model-k3", "draft_model"),
+                                                           (None, None)]
+    assert tuning.setting is None
+    assert any("best method changes with the load" in n and "ngram, draft_model" in n for n in tuning.notes)
+    assert tuning.summary.startswith("1 in flight: ngram-k3; 2-8 in flight: draft_model-k3; 9 and more in flight: off")
+
+
+def test_llamacpp_grids_span_its_drafting_methods() -> None:
+    points = grid_points(LlamaCppSettings(), {"spec_type": ["draft-simple", "ngram-simple"], "draft_max": [4]})
+    assert [(p.label, p.method, p.k) for p in points] == [("draft-simple-dmax4", "draft-simple", 4),
+                                                          ("ngram-simple-dmax4", "ngram-simple", 4)]
+
+
+def test_a_smaller_k_that_cannot_win_anywhere_is_skipped_by_prediction_and_said_so(tmp_path: Path) -> None:
+    """K=5 of a draft model is measured first: its acceptance (marginals 0.9, 0.8, 0.7, 0.6, 0.5: 4.5 tokens a step)
+    and its ratios (x2.2 at 1 stream, x1.6 at 16) leave K=1 (1.9 tokens a step) behind K=5 at every level even at
+    the cheapest drafting K=5's intervals allow, so K=1 is skipped; K=3 (3.4 tokens a step) might win at 16, and is
+    measured. Where an interval is unbounded, nothing is skipped."""
+    points = grid_points(VLLM, {"num_speculative_tokens": [1, 3, 5]})
+    groups = chains("vllm", points)
+    assert [[p.label for p in g] for g in groups] == [["k5", "k3", "k1"]]
+    assert [p.label for p in measure_first("vllm", points)] == ["k5"]
+    store = grid_store(tmp_path / "res", levels({1: 100, 16: 700}), {5: levels({1: 220, 16: 1120})})
+    comp = compare_runs(store, "base", "k5", decision=DecisionConfig())
+    assert all(lv.ratio_high is not None for lv in comp.levels)
+    marginal = [0.9, 0.8, 0.7, 0.6, 0.5]
+    skipped = predicted_to_lose(groups[0][0], comp, marginal, groups[0][1:])
+    assert list(skipped) == ["k1"] and skipped["k1"].startswith("PREDICTION, not measured")
+    assert "1.90 tokens a step against 4.50" in skipped["k1"]
+    # Nothing is predicted from too few rounds (unbounded intervals) or a profile shorter than K.
+    few = grid_store(tmp_path / "few", {1: steady(100, 3)}, {5: {1: steady(220, 3)}})
+    assert predicted_to_lose(groups[0][0], compare_runs(few, "base", "k5", decision=DecisionConfig()), marginal,
+                             groups[0][1:]) == {}
+    assert predicted_to_lose(groups[0][0], comp, marginal[:3], groups[0][1:]) == {}
+    # The tuning says which points were not measured, and why.
+    tuning = tune_runs(store, "vllm", "base", {"k5": "k5"}, points, DecisionConfig(), skipped)
+    assert [p.label for p in tuning.points] == ["k5"] and tuning.skipped == skipped
+    assert any(n.startswith("k1 not measured: PREDICTION") for n in tuning.notes)
+
+
 def test_the_ranges_follow_the_batch_the_engine_ran_not_the_concurrency(tmp_path: Path) -> None:
     # The engine ran at most 3 at C=4 and 6 at C=8 (its max_num_seqs): each range starts above what it ran at
     # the level before, and the report shows concurrency and batch side by side.
@@ -147,7 +205,9 @@ def test_an_open_level_leaves_the_grid_best_available_and_names_it(tmp_path: Pat
 
 @pytest.mark.parametrize(("engine", "grid", "settings", "words"), [
     ("vllm", {"draft_max": [2, 4]}, VLLM, "grid.draft_max is not a vLLM speculation setting: the grid takes "
-                                          "num_speculative_tokens"),
+                                          "method, num_speculative_tokens"),
+    ("vllm", {"method": ["ngram", "beam"]}, VLLM, "grid point beam: method: Input should be"),
+    ("llamacpp", {"spec_type": ["ngram-simple", "lookahead"]}, LlamaCppSettings(), "grid point lookahead: spec_type"),
     ("llamacpp", {"draft_max": []}, LlamaCppSettings(), "grid.draft_max must be a non-empty list"),
     ("llamacpp", {"draft_max": [2, 2]}, LlamaCppSettings(), "grid.draft_max lists a value twice"),
     ("llamacpp", {"draft_max": [0, 4]}, LlamaCppSettings(), "grid point dmax0: draft_max: Input should be greater "
