@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from uuid import UUID
 
@@ -26,70 +25,23 @@ from flows.campaign import campaign
 from specsweep.analysis.decision import DecisionConfig
 from specsweep.bench.config import SweepConfig, WorkloadConfig
 from specsweep.engines.sglang import SGLangSettings
-from specsweep.hosts import HostConfig, SSHEndpoint
 from specsweep.parameters import BenchmarkSettings
-from specsweep.targets.sim.server import HOST_ARGS_ENV
-from tests.helpers.netns import NetnsHost
+from tests.helpers.fleet import FleetHost, fleet_hosts
 from tests.helpers.prefect_server import PREFECT, prefect_cli, prefect_server
 from tests.helpers.processes import stop_process
-from tests.helpers.sshd import SSHServer, start_sshd
 
-SSH_PORT = 2222
 SERVER_PORT = 30400
 POOL = "fleet"
-
-
-@dataclass
-class FleetHost:
-    net: NetnsHost
-    sshd: SSHServer
-    config: HostConfig
-    queue: str
-
-    def sims(self) -> list[int]:
-        """The simulator processes running inside this host."""
-        inside = set(self.net.pids())
-        out = subprocess.run(["pgrep", "-f", "specsweep.targets.sim"], capture_output=True, text=True).stdout
-        return [int(p) for p in out.split() if int(p) in inside]
-
-
-def fake_nvidia_smi(folder: Path, gpu: str, count: int) -> Path:
-    """A bin folder whose nvidia-smi answers the fingerprint's question as a host with ``count`` of ``gpu`` does,
-    and lists no GPU processes and no samples (this machine has no GPU)."""
-    folder.mkdir(parents=True)
-    rows = "".join(f"{gpu}, 550.54.15\\n" for _ in range(count))
-    tool = folder / "nvidia-smi"
-    tool.write_text(f'#!/bin/sh\ncase "$*" in *name,driver_version*) printf "{rows}" ;; esac\nexit 0\n')
-    tool.chmod(0o755)
-    return folder
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory, ssh_keys: tuple[Path, str]) -> Iterator[list[FleetHost]]:
     # host a1 and a2: 2x H100 (a2's engine plays other hardware: speculation never pays there); b1: 4x H200.
-    plan = [("a1", "NVIDIA H100 80GB HBM3", 2, "q-h100", ""),
+    with fleet_hosts(tmp_path_factory.mktemp("fleet"), ssh_keys, [
+            ("a1", "NVIDIA H100 80GB HBM3", 2, "q-h100", ""),
             ("a2", "NVIDIA H100 80GB HBM3", 2, "q-h100", "--sim-profile=tiny-never"),
-            ("b1", "NVIDIA H200", 4, "q-h200", "")]
-    hosts: list[FleetHost] = []
-    try:
-        for name, gpu, count, queue, sim_args in plan:
-            net = NetnsHost.create()
-            d = tmp_path_factory.mktemp(f"fleet-{name}")
-            tools = fake_nvidia_smi(d / "bin", gpu, count)
-            env = {"PATH": f"{tools}:/usr/local/bin:/usr/bin:/bin", **({HOST_ARGS_ENV: sim_args} if sim_args else {})}
-            sshd = start_sshd(d / "sshd", [ssh_keys[1]], address=net.addr, port=SSH_PORT, netns=net.name, set_env=env,
-                              own_processes=True)
-            known = d / "known_hosts"
-            known.write_text(sshd.known_hosts_line() + "\n")
-            config = HostConfig(kind="ssh", ssh=SSHEndpoint(hostname=net.addr, port=SSH_PORT, user=sshd.user,
-                                                            key_path=ssh_keys[0], known_hosts=known, use_agent=False,
-                                                            connect_timeout_s=3, keepalive_s=1))
-            hosts.append(FleetHost(net, sshd, config, queue))
+            ("b1", "NVIDIA H200", 4, "q-h200", "")]) as hosts:
         yield hosts
-    finally:
-        for h in hosts:
-            h.sshd.stop()
-            h.net.destroy()
 
 
 @pytest.fixture(scope="module")
