@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import sys
 import tempfile
 import time
@@ -51,6 +53,12 @@ async def main() -> None:
     ap.add_argument("--rounds", type=int, default=8, help="Rounds a level may take (both configurations).")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="specsweep-campaign-bench-"))
+    # This worker's policy: the test hosts, the simulator on them, the results under the work folder.
+    (work / "policy.toml").write_text("\n".join([
+        'hosts = ["*"]', f"commands = {json.dumps([f'{sys.executable} -m specsweep.targets.sim'])}",
+        'args = {sglang = ["*"]}', f"ssh_files = {json.dumps([str(work)])}", "accept_unknown_host_keys = true",
+        'endpoints = ["http://127.0.0.1:*"]', f"results = {json.dumps([str(work)])}"]) + "\n")
+    os.environ["SPECSWEEP_POLICY"] = str(work / "policy.toml")
     key = work / "id_ed25519"
     keys = (key, keygen(key))
     num_requests = 8
