@@ -3,8 +3,8 @@ the engines' own per-batch forms.
 
 A grid names speculation fields of an engine's settings (each engine's module lists the fields
 a grid may vary, and which is its K) with the values to try; its points are every combination.
-Where the engine names how it speculates in a field (``method_field``: vLLM's method, llama.cpp's
-spec_type), a grid may span methods too, and its answer is then the best method and setting per
+Where the engine names how it speculates in a field (its ``method_field``: n-gram, a draft model,
+EAGLE-3, ...), a grid may span methods too, and its answer is then the best method and setting per
 batch range; a single launch carries it only where the ranges share one method.
 
 Each point is compared with the baseline level by level exactly as one comparison is
