@@ -143,7 +143,10 @@ async def campaign(hosts: list[HostConfig], settings: EngineSettingsParam = engi
             return host_answer(host.label, comp, store.run(runs[1]))
         why = ""
         for attempt in range(1, host_retries + 2):
-            answer, why = await measured(host)
+            try:
+                answer, why = await measured(host)
+            except Exception as exc:  # noqa: BLE001  # a host's failure is its own: the others go on
+                answer, why = None, f"{type(exc).__name__}: {exc}"
             if answer is not None:
                 runs = [answer.baseline_run_id, answer.speculative_run_id]
                 await asyncio.to_thread(store.location.write_bytes, record, json.dumps(runs).encode())

@@ -126,7 +126,7 @@ def _cannot_win(store: ResultsStore, base: Configuration, largest: Configuration
     """The smaller Ks of ``group`` that the largest one's acceptance profile predicts cannot win at any level."""
     comp = compare_runs(store, base.job.run_id, largest.job.run_id, decision=decision)
     profile = speculation_profile(store.request_fields(largest.job.run_id, PROFILE_COLUMNS),
-                                  configuration=largest.name, method=group[0].method or method, eagle_topk=topk)
+                                  configuration=largest.name, method=method, eagle_topk=topk)
     if profile is not None and ALL in profile["categories"]:
         marginal = profile["categories"][ALL]["marginal"]
     else:  # the engine's per-position counters (accepted at position i per draft: the marginals), where it has them

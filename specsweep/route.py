@@ -98,17 +98,24 @@ class Router:
         name = self.choose()
         async with self._changed:
             if not self.overlap:
-                if name != self.active and self.switch_to is None:
-                    self.switch_to = name
                 waited = False
-                while self.switch_to is not None:
+                while True:
+                    # Each time, by the load now (the waiting requests counted): a switch asked for in a dip, or by a
+                    # request since gone, is dropped once the load points back at the server serving.
+                    want = self.choose()
+                    if want == self.active:
+                        if self.switch_to is not None:
+                            self.switch_to = None
+                            self._changed.notify_all()
+                        break
+                    self.switch_to = want
                     if self.busy[self.active] == 0:
-                        self.active, self.switch_to = self.switch_to, None
+                        self.active, self.switch_to = want, None
                         self.switches += 1
                         self._changed.notify_all()
-                    else:
-                        waited = True
-                        await self._changed.wait()
+                        break
+                    waited = True
+                    await self._changed.wait()
                 self.held += waited
                 name = self.active
             self.busy[name] += 1

@@ -292,13 +292,14 @@ def chains(engine: str, points: Sequence[GridPoint], method: str | None = None,
            eagle_topk: int | None = None) -> list[list[GridPoint]]:
     """The grid's chain-drafter points that differ only in K, in groups of two or more, the largest K first
     (``method`` and ``eagle_topk``: the speculative configuration's, for points that do not set them)."""
-    k_field = engines.get(engine).k_field
+    eng = engines.get(engine)
     groups: dict[str, list[GridPoint]] = {}
     for p in points:
         topk = p.values.get("eagle_topk", eagle_topk)
-        if not is_chain(p.method or method, int(topk) if isinstance(topk, int | float) else None):
+        named = eng.method_names.get(p.method, p.method) if p.method else method
+        if not is_chain(named, int(topk) if isinstance(topk, int | float) else None):
             continue
-        key = repr(sorted((k, v) for k, v in p.values.items() if k != k_field))
+        key = repr(sorted((k, v) for k, v in p.values.items() if k != eng.k_field))
         groups.setdefault(key, []).append(p)
     return [sorted(g, key=lambda p: -p.k) for g in groups.values() if len(g) > 1]
 

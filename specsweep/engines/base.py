@@ -122,6 +122,8 @@ class Engine:
     #: The field that names how it speculates (n-gram, a draft model, EAGLE-3, ...): a grid may span its values, and
     #: its answer then says the best method and setting per batch range. None: one method per launch only.
     method_field: ClassVar[str | None] = None
+    #: The method field's values in the shared names (``SpeculationSettings.method``: draft_model, ngram, eagle3...).
+    method_names: ClassVar[Mapping[str, str]] = {}
     default_grid: ClassVar[Mapping[str, list[int | float]]]
     metrics: ClassVar[MetricNames] = MetricNames()
     #: Added to every streamed OpenAI request body.

@@ -201,6 +201,7 @@ class LlamaCpp(Engine):
     grid_fields = {"spec_type": "", "draft_max": "dmax", "draft_min": "dmin", "draft_p_min": "pmin"}
     k_field = "draft_max"
     method_field = "spec_type"
+    method_names = _METHOD
     default_grid = {"draft_max": [2, 4, 8]}
     no_per_batch_switch = (
         "llama.cpp cannot take a per-batch schedule: its draft settings (--spec-draft-n-max, --spec-draft-n-min, "

@@ -60,3 +60,13 @@ async def test_a_work_queue_for_no_host_is_refused_before_anything_runs(tmp_path
                            work_queues=queues, return_state=True)
     assert state.is_failed() and words in (state.message or ""), state.message
     assert not (tmp_path / "results" / "campaigns").exists()
+
+
+async def test_a_host_whose_run_cannot_be_made_on_its_queue_is_reported_as_that_hosts_failure(tmp_path: Path) -> None:
+    """A deployment that does not exist: the host's try fails with that reason, reported as the host's, and the
+    campaign says no host answered (rather than dying of the error itself, leaving the others' runs unowned)."""
+    state = await campaign(hosts=[HostConfig()], benchmark=BenchmarkSettings(results=str(tmp_path / "results")),
+                           work_queues={"local": "gpu-queue"}, deployment="compare-speculation/nowhere",
+                           host_retries=0, return_state=True)
+    assert state.is_failed() and "no host answered: local:" in (state.message or ""), state.message
+    assert "ObjectNotFound" in (state.message or "")  # the deployment it names does not exist

@@ -138,6 +138,31 @@ async def test_a_burst_is_routed_by_its_whole_size() -> None:
     assert (await burst(0.0)).count("speculative") == 2
 
 
+async def test_a_switch_asked_for_in_a_dip_is_dropped_when_the_load_comes_back() -> None:
+    """One server at a time, threshold three: three requests on the baseline; two end and one arrives in the dip
+    (two in flight: it asks for the speculative server and waits for the baseline to drain); two more arrive (four in
+    flight). All three go to the baseline, which still serves: no switch back and forth at a load the comparison
+    says speculation loses at."""
+    router = Router("http://127.0.0.1:1", "http://127.0.0.1:2", off_from=3, settle_s=0.0)
+
+    async def arrive() -> str:
+        router.in_flight += 1
+        return await router.admit()
+
+    router.in_flight = 3  # three at once
+    first = [await asyncio.wait_for(router.admit(), 5) for _ in range(3)]
+    assert first == ["baseline"] * 3 and router.active == "baseline"
+    for name in first[:2]:  # two of them end
+        router.in_flight -= 1
+        await router.leave(name)
+    dip = asyncio.create_task(arrive())
+    await asyncio.sleep(0.01)
+    assert not dip.done() and router.switch_to == "speculative"  # waiting for the baseline to drain
+    later = await asyncio.wait_for(asyncio.gather(arrive(), arrive()), 5)
+    assert later == ["baseline", "baseline"] and await asyncio.wait_for(dip, 5) == "baseline"
+    assert router.switch_to is None and router.switches == 1 and router.held == 1
+
+
 def test_metrics_of_both_servers_are_summed_once_per_series() -> None:
     a = "# HELP x_running running\n# TYPE x_running gauge\nx_running{m=\"a\"} 3\nx_tokens_total 10\n"
     b = "# HELP x_running running\n# TYPE x_running gauge\nx_running{m=\"a\"} 4\nx_tokens_total 5.5\nbroken line here\n"

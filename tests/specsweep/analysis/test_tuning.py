@@ -119,6 +119,10 @@ def test_llamacpp_grids_span_its_drafting_methods() -> None:
     points = grid_points(LlamaCppSettings(), {"spec_type": ["draft-simple", "ngram-simple"], "draft_max": [4]})
     assert [(p.label, p.method, p.k) for p in points] == [("draft-simple-dmax4", "draft-simple", 4),
                                                           ("ngram-simple-dmax4", "ngram-simple", 4)]
+    # Its draft model is a chain drafter: the largest draft_max first, the smaller ones perhaps spared; n-grams not.
+    drafts = grid_points(LlamaCppSettings(), {"draft_max": [2, 4, 8]})
+    assert [[p.label for p in g] for g in chains("llamacpp", drafts)] == [["dmax8", "dmax4", "dmax2"]]
+    assert chains("llamacpp", grid_points(LlamaCppSettings(), {"spec_type": ["ngram-simple"], "draft_max": [2, 4]})) == []
 
 
 def test_a_smaller_k_that_cannot_win_anywhere_is_skipped_by_prediction_and_said_so(tmp_path: Path) -> None:
