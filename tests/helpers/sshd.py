@@ -16,15 +16,37 @@ from tests.helpers.processes import stop_process
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
 
+#: Ports handed out below the kernel's ephemeral range (32768-60999), so that no client connection made meanwhile
+#: takes one before its server binds it; split into disjoint slices, one per pytest-xdist worker, so that two tests
+#: running at once never get the same port (one test's simulator once answered another's health check and its
+#: requests waited on a server that was not its own until the timeout).
+PORTS = (20000, 32000)
+SLICES = 8
+#: Ports this process handed out, not handed out again while fresher ones remain (a server may still be stopping).
+_given: list[int] = []
+
+
+def _slice() -> tuple[int, int]:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) % SLICES if worker[2:].isdigit() else 0
+    width = (PORTS[1] - PORTS[0]) // SLICES
+    return PORTS[0] + index * width, PORTS[0] + (index + 1) * width
+
+
 def free_port(host: str = "127.0.0.1", span: int = 1) -> int:
-    """A port (and the span-1 after it) free to listen on, below the kernel's ephemeral range
-    (32768-60999), so that no client connection made meanwhile takes it before the server binds it."""
+    """A port (and the span-1 after it) free to listen on, from this test process's own slice of ports, never
+    one it handed out among its last few hundred."""
+    low, high = _slice()
     for _ in range(1000):
-        first = random.randrange(20000, 32000 - span)
+        first = random.randrange(low, high - span)
+        if any(first <= given < first + span for given in _given):
+            continue
         socks = [socket.socket() for _ in range(span)]
         try:
             for offset, s in enumerate(socks):
                 s.bind((host, first + offset))
+            _given.extend(range(first, first + span))
+            del _given[:-300]
             return first
         except OSError:
             continue
