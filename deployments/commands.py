@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from specsweep import engines
 from specsweep.analysis.decision import DecisionConfig
 from specsweep.analysis.slo import SLO
-from specsweep.bench.config import SearchRange, WorkloadConfig
+from specsweep.bench.config import SearchRange, SweepConfig, WorkloadConfig
 from specsweep.cli.app import HostGuard
 from specsweep.cli.options import (
     Budget,
@@ -40,6 +40,7 @@ from specsweep.cli.options import (
     NumPrompts,
     OutputLen,
     PromptsFile,
+    RequestRates,
     Results,
     Search,
     SloTpot,
@@ -75,7 +76,7 @@ Engine = Annotated[Optional[str], typer.Option(
 
 def _benchmark(levels: str, num_prompts: int, output_len: int, results: str, dataset: str = "synthetic",
                prompts_file: Path | None = None, temperatures: str | None = None,
-               search: str | None = None) -> BenchmarkSettings:
+               search: str | None = None, request_rate: str | None = None) -> BenchmarkSettings:
     temps = numbers(temperatures, float, "--temperatures") or []
     try:
         workload = WorkloadConfig.model_validate({**_WORKLOAD.model_dump(), "output_len": output_len,
@@ -89,13 +90,17 @@ def _benchmark(levels: str, num_prompts: int, output_len: int, results: str, dat
         raise ConfigError(describe_validation_error(exc, "--dataset/--prompts-file/--temperatures/--search")) from None
     except ValueError as exc:
         raise ConfigError(f"--search: {exc}") from None
-    return LOCAL_BENCHMARK.model_copy(update={
+    rates = numbers(request_rate, float, "--request-rate")
+    try:
         # A search's blocks hold 2 requests per slot (the default), not the grid's 3: its rounds are many and short.
-        "sweep": _SWEEP.model_copy(update={"concurrency": numbers(levels, int, "--concurrency"),
-                                           "num_requests": num_prompts, "search": span,
-                                           "requests_per_slot": 2 if span is not None else _SWEEP.requests_per_slot}),
-        "workload": workload, "request": request, "results": results,
-    })
+        sweep = SweepConfig.model_validate({
+            **_SWEEP.model_dump(), "concurrency": numbers(levels, int, "--concurrency"), "num_requests": num_prompts,
+            "search": span, "request_rate": rates or None,
+            "requests_per_slot": 2 if span is not None else _SWEEP.requests_per_slot})
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, "--concurrency/--request-rate/--search")) from None
+    return LOCAL_BENCHMARK.model_copy(update={"sweep": sweep, "workload": workload, "request": request,
+                                              "results": results})
 
 
 def _run(flow_run: Coroutine[Any, Any, T]) -> T:
@@ -184,6 +189,7 @@ def compare_speculation(
     prompts_file: PromptsFile = None,
     temperatures: Temperatures = None,
     search: Search = None,
+    request_rate: RequestRates = None,
     budget_minutes: BudgetMinutes = None,
     design: Design = LOCAL_DECISION.design,
     alternate_by: Annotated[str, typer.Option(help="side-by-side: the servers up at once; restart: one at a time, "
@@ -216,7 +222,8 @@ def compare_speculation(
                              verify=verify, budget_minutes=budget_minutes, verify_controller=verify_controller)
         if verify:
             engines.check_verifiable(chosen.engine, "--verify")
-        benchmark = _benchmark(levels, num_prompts, output_len, results, dataset, prompts_file, temperatures, search)
+        benchmark = _benchmark(levels, num_prompts, output_len, results, dataset, prompts_file, temperatures, search,
+                               request_rate)
         result = _run(compare_engine(settings=chosen, host=host_config(host_file), benchmark=benchmark,
                                      decision=decision))
     except SpecsweepError as exc:

@@ -80,6 +80,10 @@ async def tune_speculation(settings: EngineSettingsParam = engines.local_setting
     if benchmark.request.temperatures:
         raise ConfigError("benchmark.request.temperatures is for comparisons (one at each temperature): a grid runs "
                           "at benchmark.request.temperature; run it once per temperature")
+    if benchmark.sweep.request_rate:
+        raise ConfigError("benchmark.sweep.request_rate: a grid answers per batch-size range, from concurrency levels; "
+                          "give benchmark.sweep.concurrency (or search), or compare two settings at request rates with "
+                          "compare-speculation")
     engine, base, points = grid_profiles(settings, grid)
     if decision.design != "sequential":
         logger.warning("decision.design %s is not used here: a grid measures the baseline, then each setting in "

@@ -29,6 +29,7 @@ from specsweep import designs, engines
 from specsweep.analysis import verify
 from specsweep.analysis.compare import Comparison
 from specsweep.analysis.decision import DecisionConfig
+from specsweep.analysis.recommend import level_words
 from specsweep.engines.base import AS_RECOMMENDED, OWN_CONTROLLER, PerBatchSetting, split_command, with_setting
 from specsweep.errors import ConfigError
 from specsweep.hosts import Host
@@ -121,7 +122,7 @@ async def verify_recommendation(run: Run, host: Host, base: Configuration, spec:
     key = f"{base.job.run_id}--{spec.job.run_id}"
     logger.info("verify: %s (%s) against always off and always on, at %s", schedule.name,
                 setting.flags or f"specsweep route --off-from {setting.route_off_from}",
-                ", ".join(str(lv.concurrency) for lv in comparison.levels))
+                ", ".join(level_words(lv.concurrency) for lv in comparison.levels))
     # The router sends to the fixed policies' own servers: its prompts carry a mark of their own, or it would read
     # what they left in those servers' caches.
     routed = setting.route_off_from is not None
@@ -130,7 +131,7 @@ async def verify_recommendation(run: Run, host: Host, base: Configuration, spec:
             for profile, arm in zip(profiles, names, strict=True)]
     # The levels the answer rests on (a search's steering levels are not among them), in their own order.
     levels = sorted({lv.concurrency for lv in comparison.levels} - set(comparison.steering))
-    points = [Level(i, "concurrency", float(c)) for i, c in enumerate(levels)]
+    points = [Level(i, comparison.mode, float(c)) for i, c in enumerate(levels)]  # its levels, in its mode
     settle = verify.needs_more(decision, run.settings.sweep.num_requests, comparison.recommendation.speculation_off_from)
 
     def more(clean: list[list[BlockRow]]) -> bool:

@@ -182,6 +182,14 @@ def tokens_between(records: Iterable[RequestRecord], start: float, end: float) -
     return sum(k for r in records for t, k in zip(r.chunk_times_s, r.chunk_tokens, strict=True) if start < t <= end)
 
 
+def request_speed(measured: Sequence[RequestRecord]) -> float | None:
+    """The speed a request sees: the completed requests' output tokens over the seconds every request took from its
+    scheduled send to its end (a failed one's time counts, its tokens do not), so a configuration that fails or
+    queues its requests reads slower. None without a request that ended."""
+    seconds = sum(x for r in measured if (x := e2e_s(r)) is not None)
+    return sum(r.output_tokens or 0 for r in measured if r.ok) / seconds if seconds > 0 else None
+
+
 def level_metrics(records: Sequence[RequestRecord], concurrency: int | None = None) -> dict[str, Any]:
     """Every per-level figure, with units in the names."""
     measured = [r for r in records if not r.warmup]
@@ -211,6 +219,7 @@ def level_metrics(records: Sequence[RequestRecord], concurrency: int | None = No
             if duration > 0 else 0.0
         ),
         "peak_output_tokens_per_s": peak_output_tokens_per_s(measured, start),
+        "request_speed_tokens_per_s": request_speed(measured),
         "input_tokens_exact": bool(ok) and all(r.prompt_tokens_exact for r in ok),
         "output_tokens_source": ",".join(sorted({r.output_tokens_source for r in ok})) or "none",
         "errors": ", ".join(f"{k}: {v}" for k, v in Counter(r.error_type for r in measured if not r.ok).most_common()),

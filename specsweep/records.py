@@ -218,6 +218,9 @@ class BlockRow(Row):
     total_tokens_per_s: float = 0.0
     achieved_concurrency: float = 0.0
     peak_output_tokens_per_s: float = 0.0
+    request_speed_tokens_per_s: float | None = Field(
+        None, description="The speed a request saw: the completed requests' output tokens over the seconds all the "
+        "block's requests took from their scheduled send to their end. What a request-rate comparison counts.")
     steady_output_tokens_per_s: float | None = Field(
         None, description="Output tok/s while the level's full concurrency was in flight (ramp-up and drain "
         "excluded); None where there was no such span.")
@@ -318,11 +321,20 @@ class BlockRow(Row):
 
     @property
     def throughput(self) -> float:
-        """Output tok/s as a comparison counts it: while the full concurrency was in flight where the block
-        had such a span, else over the whole block."""
+        """Output tok/s as a comparison counts it. At a concurrency level: while the full concurrency was in
+        flight where the block had such a span, else over the whole block. At a request-rate level, where both
+        configurations are sent the same requests at the same moments and deliver the same tokens as long as they
+        keep up, the speed a request saw (``request_speed_tokens_per_s``): queueing, stalls and failures slow it."""
+        if self.mode == "rate":
+            return self.request_speed_tokens_per_s or 0.0
         if self.steady_output_tokens_per_s is not None and self.steady_output_tokens_per_s > 0:
             return self.steady_output_tokens_per_s
         return self.output_tokens_per_s
+
+    @property
+    def load(self) -> int | float | None:
+        """The level's value in its mode: requests in flight (an int), or requests a second (a float)."""
+        return self.concurrency if self.mode == "concurrency" else self.request_rate_per_s
 
     @property
     def level(self) -> Block:

@@ -13,6 +13,7 @@ from prefect.cache_policies import NO_CACHE
 from specsweep.analysis.compare import Comparison, compare_runs
 from specsweep.analysis.decision import DecisionConfig
 from specsweep.analysis.history import Drift, drift, history_row, kind_label, last_comparable
+from specsweep.analysis.recommend import level_words
 from specsweep.analysis.tuning import GridPoint, Tuning, tune_runs
 from specsweep.engines import PerBatchSetting
 from specsweep.errors import DriftError
@@ -85,7 +86,8 @@ async def compare_configurations(
     logger.info("%s", rec.decision)
     logger.info("comparison (%s): %s", rec.status, rec.reason)
     for lv in comp.levels:
-        logger.info("  C=%d: %s, ratio %.3f [%s], %d/%d blocks", lv.concurrency, lv.verdict, lv.ratio,
+        logger.info("  %s%s: %s, ratio %.3f [%s], %d/%d blocks", "C=" if comp.mode == "concurrency" else "",
+                    level_words(lv.concurrency), lv.verdict, lv.ratio,
                     f"{lv.ratio_low:.3f}, {lv.ratio_high:.3f}" if lv.ratio_low and lv.ratio_high else "-", *lv.blocks)
     _log_engine_setting(comp.setting, folder)
     return comp
@@ -98,6 +100,10 @@ async def record_history(comp: Comparison, store: ResultsStore, decision: Decisi
     (and the history's plot) published; with ``decision.fail_on_drift`` a flagged drift fails this stage."""
     logger = run_logger()
     assert comp.baseline_run_id is not None and comp.speculative_run_id is not None
+    if comp.mode != "concurrency":
+        logger.info("history: a request-rate comparison is not kept in the history (its thresholds are concurrency "
+                    "levels); its report holds the answer")
+        return None
     base, spec = store.run(comp.baseline_run_id), store.run(comp.speculative_run_id)
     row = history_row(comp, base, spec, date=spec.ended_at or now_iso(), temperature=temperature)
     await asyncio.to_thread(store.append_history, row)

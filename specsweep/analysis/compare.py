@@ -1,10 +1,18 @@
 """Compare a baseline run with a speculative run: per level a verdict, then one answer.
 
-Per concurrency level: both configurations' throughput (geometric mean over blocks, with
-its interval), latency (TTFT and TPOT, p50 and p99), the ratio speculative / baseline with
-its interval and verdict (``stats``: paired when the blocks alternated), then the
-recommendation (``recommend``) and, when decided, the setting in the form the measured
-engine loads (``specsweep.engines``). Data only: ``specsweep.reports`` writes it for people.
+Per level: both configurations' throughput (geometric mean over blocks, with its interval),
+latency (TTFT and TPOT, p50 and p99), the ratio speculative / baseline with its interval and
+verdict (``stats``: paired when the blocks alternated), then the recommendation (``recommend``)
+and the setting in the form the measured engine loads (``specsweep.engines``). Data only:
+``specsweep.reports`` writes it for people.
+
+The levels are concurrency levels (requests in flight, closed loop), or, where both runs measured
+request rates only (open loop: Poisson arrivals or a trace replayed at its recorded gaps, scaled),
+request-rate levels. At a rate both configurations are sent the same requests at the same moments
+and deliver the same tokens while they keep up, so what is compared there is the speed a request
+saw (``BlockRow.throughput``): a server that falls behind the arrivals queues them and reads slower.
+The answer is then "off from R requests/s", carried to the engine's per-batch setting by the
+running batch the engine reported at the last rate where speculation is on.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from pydantic import BaseModel, Field
 
 from specsweep import engines
 from specsweep.analysis.decision import DecisionConfig, blocks_needed, level_verdict
-from specsweep.analysis.recommend import LevelVerdict, Recommendation, recommend
+from specsweep.analysis.recommend import LevelVerdict, Recommendation, level_words, recommend
 from specsweep.analysis.search import max_levels, rests_on
 from specsweep.analysis.slo import SLOView, requests_by_level, slo_view
 from specsweep.analysis.stats import Verdict, t_quantile
@@ -28,7 +36,7 @@ from specsweep.analysis.verify import ARMS, CONTROLLER, Verification, verify_lev
 from specsweep.bench.config import SweepConfig
 from specsweep.engines import PerBatchSetting, SpeculationSettings
 from specsweep.errors import ConfigError, MeasurementError
-from specsweep.records import FINGERPRINT_COLUMNS, BlockRow, RunRow
+from specsweep.records import FINGERPRINT_COLUMNS, BlockRow, Mode, RunRow
 from specsweep.results import ResultsStore
 
 FINGERPRINT_KEYS = FINGERPRINT_COLUMNS
@@ -36,7 +44,8 @@ SLO_COLUMNS = ("mode", "level_value", "repeat", "warmup", "ttft_ms", "tpot_ms", 
 
 
 class LevelComparison(BaseModel):
-    concurrency: int
+    concurrency: int | float = Field(description="The level: requests in flight, or requests a second in a "
+                                     "request-rate comparison (Comparison.mode).")
     blocks: tuple[int, int] = Field(description="Blocks that count (baseline, speculative).")
     set_aside: tuple[int, int] = Field((0, 0), description="Blocks set aside as disturbed and measured again.")
     requests: tuple[int, int] = Field(description="Measured requests (baseline, speculative).")
@@ -84,6 +93,9 @@ class Comparison(BaseModel):
     baseline: str
     speculative: str
     levels: list[LevelComparison]
+    mode: Mode = Field("concurrency", description="What the levels are: concurrency (requests in flight; the "
+                       "throughputs are output tok/s) or rate (requests a second; the throughputs are the speed a "
+                       "request saw, output tok/s per request).")
     recommendation: Recommendation
     margin: float
     alpha: float = Field(0.05, description="The error rate of the answer as a whole (its intervals hold together at "
@@ -102,7 +114,7 @@ class Comparison(BaseModel):
     notes: list[str] = Field(default_factory=list)
     steering: list[int] = Field(default_factory=list, description="A search's levels measured only to steer it: the "
                                 "answer rests on the levels around its crossing (analysis.search.rests_on).")
-    unanswered: list[int] = Field(default_factory=list, description="Levels where every block a configuration measured "
+    unanswered: list[int | float] = Field(default_factory=list, description="Levels where every block a configuration measured "
                                   "was set aside as disturbed: no verdict, an open answer there.")
     baseline_run_id: str | None = None
     speculative_run_id: str | None = None
@@ -131,12 +143,18 @@ def check_fingerprints(base_run: RunRow, spec_run: RunRow, allow_mismatch: bool)
     return diffs
 
 
-def _by_level(rows: Sequence[BlockRow]) -> dict[int, list[BlockRow]]:
-    """The blocks that count (not set aside as disturbed), by concurrency."""
-    out: dict[int, list[BlockRow]] = {}
+def comparison_mode(base_rows: Sequence[BlockRow], spec_rows: Sequence[BlockRow]) -> Mode:
+    """Concurrency, unless both runs measured request-rate levels and neither a concurrency level."""
+    modes = [{r.mode for r in rows} for rows in (base_rows, spec_rows)]
+    return "rate" if all(m == {"rate"} for m in modes) else "concurrency"
+
+
+def _by_level(rows: Sequence[BlockRow], mode: Mode) -> dict[int | float, list[BlockRow]]:
+    """The blocks that count (not set aside as disturbed), by level."""
+    out: dict[int | float, list[BlockRow]] = {}
     for r in sorted(rows, key=lambda r: (r.level_index, r.repeat)):
-        if r.mode == "concurrency" and r.concurrency is not None and r.disturbed is None:
-            out.setdefault(r.concurrency, []).append(r)
+        if r.mode == mode and r.load is not None and r.disturbed is None:
+            out.setdefault(r.load, []).append(r)
     return out
 
 
@@ -161,11 +179,13 @@ def compare_levels(base_rows: Sequence[BlockRow], spec_rows: Sequence[BlockRow],
     error is controlled over, when more than those measured (a search's most, ``analysis.search.max_levels``);
     ``search``: the levels were chosen by a search, whose answer rests on the levels around its crossing
     (``analysis.search.rests_on``)."""
-    base, spec = _by_level(base_rows), _by_level(spec_rows)
-    aside = {c: (sum(1 for r in base_rows if r.concurrency == c and r.disturbed is not None),
-                 sum(1 for r in spec_rows if r.concurrency == c and r.disturbed is not None)) for c in base}
+    mode = comparison_mode(base_rows, spec_rows)
+    base, spec = _by_level(base_rows, mode), _by_level(spec_rows, mode)
+    aside = {c: (sum(1 for r in base_rows if r.mode == mode and r.load == c and r.disturbed is not None),
+                 sum(1 for r in spec_rows if r.mode == mode and r.load == c and r.disturbed is not None)) for c in base}
     common = sorted(set(base) & set(spec))
-    measured = {c: (_measured(base_rows, c), _measured(spec_rows, c)) for c in _levels_of(base_rows) | _levels_of(spec_rows)}
+    measured = {c: (_measured(base_rows, c, mode), _measured(spec_rows, c, mode))
+                for c in _levels_of(base_rows, mode) | _levels_of(spec_rows, mode)}
     # Measured by a configuration whose every block there was set aside as disturbed (the other may not have measured
     # it at all: a grid's points measure the levels its baseline answered). A level one configuration simply did not
     # reach (a sweep stopped at saturation) is not such a level.
@@ -173,8 +193,10 @@ def compare_levels(base_rows: Sequence[BlockRow], spec_rows: Sequence[BlockRow],
                         if c not in common and ((nb and not okb) or (ns and not oks)))
     if not common and not unanswered:
         raise ConfigError(
-            f"the runs share no concurrency level (baseline {sorted(base)}, speculative {sorted(spec)}): "
-            "measure both with the same concurrency list"
+            f"the runs share no {'request-rate' if mode == 'rate' else 'concurrency'} level (baseline "
+            f"{sorted(base)}, speculative {sorted(spec)}): measure both with the same "
+            f"{'request_rate' if mode == 'rate' else 'concurrency'} list (a run of rates is compared with a run of "
+            "rates, one of concurrency levels with one of concurrency levels)"
         )
     if not common:
         raise MeasurementError(f"no level could be answered: every block of a configuration at "
@@ -213,12 +235,13 @@ def compare_levels(base_rows: Sequence[BlockRow], spec_rows: Sequence[BlockRow],
     verdicts = [lv.as_verdict() for lv in levels]
     steering: list[int] = []
     if search:
-        resting = rests_on({lv.concurrency: lv.ratio for lv in levels if not math.isnan(lv.ratio)})
-        steering = sorted(lv.concurrency for lv in levels if lv.concurrency not in resting)
+        resting = rests_on({int(lv.concurrency): lv.ratio for lv in levels if not math.isnan(lv.ratio)})
+        steering = sorted(int(lv.concurrency) for lv in levels if lv.concurrency not in resting)
         verdicts = [v for v in verdicts if v.concurrency not in steering]
     rec = recommend(verdicts, decision.margin, unanswered)
     comp = Comparison(baseline=baseline_name, speculative=speculative_name, levels=levels, recommendation=rec,
-                      margin=decision.margin, alpha=decision.alpha, unanswered=unanswered, steering=steering)
+                      margin=decision.margin, alpha=decision.alpha, unanswered=unanswered, steering=steering,
+                      mode=mode)
     if steering:
         comp.notes.append(f"Found by search: {', '.join(map(str, steering))} steered it (measured until it was clear "
                           "whether speculation is ahead there); the answer and its bound rest on the levels around "
@@ -227,7 +250,7 @@ def compare_levels(base_rows: Sequence[BlockRow], spec_rows: Sequence[BlockRow],
     for c in unanswered:
         sides = [f"{name}'s {n} block(s)" for name, (n, ok) in ((baseline_name, measured[c][0]),
                                                                   (speculative_name, measured[c][1])) if n and not ok]
-        why = _reasons([r for r in (*base_rows, *spec_rows) if r.concurrency == c])
+        why = _reasons([r for r in (*base_rows, *spec_rows) if r.mode == mode and r.load == c])
         comp.notes.append(f"No answer at {c}: all of {' and '.join(sides)} there were set aside as disturbed, as "
                           f"often as a level is measured again (why: {why}). The answer is open there, as at an "
                           "undetermined level: measure it again (a machine "
@@ -242,13 +265,13 @@ def _reasons(rows: Sequence[BlockRow]) -> str:
     return "; ".join(why[:3]) + (" ..." if len(why) > 3 else "")
 
 
-def _levels_of(rows: Sequence[BlockRow]) -> set[int]:
-    return {r.concurrency for r in rows if r.mode == "concurrency" and r.concurrency is not None}
+def _levels_of(rows: Sequence[BlockRow], mode: Mode) -> set[int | float]:
+    return {r.load for r in rows if r.mode == mode and r.load is not None}
 
 
-def _measured(rows: Sequence[BlockRow], c: int) -> tuple[int, bool]:
+def _measured(rows: Sequence[BlockRow], c: int | float, mode: Mode) -> tuple[int, bool]:
     """How many blocks were measured at level c, and whether one of them counts."""
-    at = [r for r in rows if r.mode == "concurrency" and r.concurrency == c]
+    at = [r for r in rows if r.mode == mode and r.load == c]
     return len(at), any(r.disturbed is None for r in at)
 
 
@@ -275,6 +298,8 @@ def with_engine_setting(comp: Comparison, speculation: SpeculationSettings | Non
     if speculation is None:
         return comp
     k = speculation.num_speculative_tokens
+    if comp.recommendation.speculation_off_from is not None and comp.recommendation.off_from_batch is None:
+        return comp  # off from a request rate whose batch the engine did not report: no per-batch setting to give
     setting = engines.per_batch_setting(speculation, off_starts(k, comp.recommendation.off_from_batch), k)
     comp.setting = carrying(setting, comp.recommendation)
     return comp
@@ -294,7 +319,7 @@ def refuted_if_short(comp: Comparison) -> Comparison:
     if v is None or v.status != "failed":
         return comp
     short = [lv for lv in v.levels if lv.result == "falls short"]
-    where = ", ".join(f"{lv.concurrency} (x{lv.ratio:.2f} of always {lv.better_fixed})" for lv in short)
+    where = ", ".join(f"{level_words(lv.concurrency)} (x{lv.ratio:.2f} of always {lv.better_fixed})" for lv in short)
     rec = comp.recommendation.model_copy(update={
         "status": "refuted",
         "decision": f"Refuted: run by the engine, the setting fell short of a fixed policy at {where}. "
@@ -330,8 +355,8 @@ def compare_runs(store: ResultsStore, baseline_run_id: str, speculative_run_id: 
         comp.notes.append("Compared despite different environments: " + "; ".join(diffs))
     reasons = sorted({r.disturbed for r in (*base_rows, *spec_rows) if r.disturbed is not None})
     if reasons:
-        aside = Counter(r.concurrency for r in (*base_rows, *spec_rows) if r.mode == "concurrency" and r.disturbed)
-        counted = ", ".join(f"{c} ({n})" for c, n in sorted(aside.items()))
+        aside = Counter(r.load for r in (*base_rows, *spec_rows) if r.mode == comp.mode and r.disturbed)
+        counted = ", ".join(f"{level_words(c)} ({n})" for c, n in sorted(aside.items()) if c is not None)
         comp.notes.append(f"Blocks set aside as disturbed and measured again, by level: {counted}. Why: "
                           + "; ".join(reasons[:6]) + (" ..." if len(reasons) > 6 else "") + ". They are kept in the "
                           "levels dataset (column disturbed) and do not count.")

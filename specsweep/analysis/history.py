@@ -88,7 +88,7 @@ def _thresholds(comp: Comparison) -> tuple[int | None, int | None, bool]:
         return None, None, False
 
     def at(t: int) -> int | None:
-        return levels[t].concurrency if t < len(levels) else None
+        return int(levels[t].concurrency) if t < len(levels) else None  # concurrency comparisons only
     return at(min(fits)), at(max(fits)), True
 
 
@@ -118,7 +118,7 @@ def history_row(comp: Comparison, base: RunRow, spec: RunRow, *, date: str, temp
         host=spec.host, gpu=spec.gpu, gpu_count=spec.gpu_count, driver=spec.driver, engine=spec.engine,
         engine_version=spec.engine_version, model=spec.model, draft=draft,
         workload=_workload(spec), temperature=temperature, settings=_settings(spec),
-        status=rec.status, off_from=rec.speculation_off_from,
+        status=rec.status, off_from=None if rec.speculation_off_from is None else int(rec.speculation_off_from),
         worst_case_loss=getattr(rec, "worst_case_loss", None), threshold_low=low, threshold_high=high,
         threshold_ranged=ranged,
         margin=comp.margin,

@@ -39,7 +39,8 @@ Status = Literal["decided", "best available", "refuted"]
 class LevelVerdict(BaseModel):
     """What the recommendation needs of one level."""
 
-    concurrency: int
+    concurrency: int | float = Field(description="The level: requests in flight, or requests a second (a float) in a "
+                                     "request-rate comparison.")
     verdict: Verdict
     ratio: float
     baseline_tokens_per_s: float
@@ -64,15 +65,16 @@ class LevelVerdict(BaseModel):
 
 class Recommendation(BaseModel):
     status: Status
-    speculation_off_from: int | None = Field(
-        description="The concurrency from which to turn speculation off; None: keep it on.")
+    speculation_off_from: int | float | None = Field(
+        description="The level (concurrency, or request rate a second) from which to turn speculation off; None: keep "
+        "it on.")
     decision: str = Field("", description="The answer in one sentence: the setting, its worst case, and what would "
                           "settle it (the report's first line).")
     reason: str
     worst_case_loss: float | None = Field(
         None, description="The throughput the setting may give up at some level against the better fixed policy, "
         "worst case over the simultaneous intervals (0.04: 4 %); None: not bounded (too few rounds somewhere).")
-    worst_case_level: int | None = Field(None, description="The level where that worst case lies.")
+    worst_case_level: int | float | None = Field(None, description="The level where that worst case lies.")
     more_rounds: int | None = Field(None, description="Best available: about how many more rounds (a block of each "
                                     "configuration) at worst_case_level would bring the bound within the margin.")
     more_minutes: float | None = Field(None, description="About how many minutes those rounds take, from the "
@@ -84,15 +86,15 @@ class Recommendation(BaseModel):
         "engine may cap its batch below C).")
     batch_measured: bool = Field(False, description="off_from_batch comes from the running batch the engine "
                                  "reported; False: it was not measured and the batch is taken as the concurrency.")
-    measure_next: list[int] = Field(default_factory=list, description="Levels to measure (more) to shrink the bound.")
-    unanswered: list[int] = Field(default_factory=list, description="Levels measured but not answered (every block of "
+    measure_next: list[int | float] = Field(default_factory=list, description="Levels to measure (more) to shrink the bound.")
+    unanswered: list[int | float] = Field(default_factory=list, description="Levels measured but not answered (every block of "
                                   "a configuration there set aside as disturbed): unbounded, and among measure_next.")
     projected_tokens_per_s: dict[str, float] = Field(
         default_factory=dict, description="Mean output tok/s over the measured levels: always_off, always_on and "
         "as_recommended.")
 
 
-def unanswered_level(concurrency: int) -> LevelVerdict:
+def unanswered_level(concurrency: int | float) -> LevelVerdict:
     """A level measured but not answered: every block of a configuration there was set aside as disturbed."""
     nan = float("nan")
     return LevelVerdict(concurrency=concurrency, verdict="undetermined", ratio=nan, baseline_tokens_per_s=nan,
@@ -129,15 +131,21 @@ def pct(x: float) -> str:
     return f"{math.ceil(x * 1000 - 1e-9) / 10:.1f}".removesuffix(".0") + " %"
 
 
-def _list(cs: Sequence[int]) -> str:
-    return ", ".join(str(c) for c in cs)
+def level_words(level: int | float) -> str:
+    """A level as the sentences name it: a concurrency as it is (8), a request rate with its unit (2.5 requests/s)."""
+    return f"{level:g} requests/s" if isinstance(level, float) else str(level)
+
+
+def _list(cs: Sequence[int | float]) -> str:
+    return ", ".join(level_words(c) for c in cs)
 
 
 def _head(levels: Sequence[LevelVerdict], t: int) -> str:
-    return "Keep it on." if t == len(levels) else "Turn it off." if t == 0 else f"Off from {levels[t].concurrency}."
+    return "Keep it on." if t == len(levels) else "Turn it off." if t == 0 else \
+        f"Off from {level_words(levels[t].concurrency)}."
 
 
-def recommend(levels: Sequence[LevelVerdict], margin: float, unanswered: Sequence[int] = ()) -> Recommendation:
+def recommend(levels: Sequence[LevelVerdict], margin: float, unanswered: Sequence[int | float] = ()) -> Recommendation:
     """The setting, from the measured levels (in concurrency order) and the levels measured but not answered
     (module docstring)."""
     missing = sorted(set(unanswered) - {lv.concurrency for lv in levels})
@@ -191,7 +199,7 @@ def _sentence(levels: Sequence[LevelVerdict], t: int, at: int, worst: float, mar
               more_rounds: int | None, more_minutes: float | None) -> str:
     """The decision in one sentence: "Off from 8. Worst case: at 4, keeping it on may cost up to 6 %; about 3 more
     minutes at 4 would settle it." """
-    c = levels[at].concurrency
+    c = level_words(levels[at].concurrency)
     head = _head(levels, t)
     doing = "keeping it on" if at < t else "turning it off"
     if math.isnan(levels[at].ratio):
@@ -229,16 +237,17 @@ def _verdicts(levels: Sequence[LevelVerdict], margin: float) -> str:
 
 def _ratio_words(lv: LevelVerdict) -> str:
     if math.isnan(lv.ratio):
-        return f"{lv.concurrency} (no block counted)"
+        return f"{level_words(lv.concurrency)} (no block counted)"
     span = f" [{lv.low:.2f}, {lv.high:.2f}]" if lv.low is not None and lv.high is not None else " [unbounded]"
-    return f"{lv.concurrency} (×{lv.ratio:.2f}{span})"
+    return f"{level_words(lv.concurrency)} (×{lv.ratio:.2f}{span})"
 
 
 def _gap(levels: Sequence[LevelVerdict], t: int) -> str:
-    if not 0 < t < len(levels) or levels[t].concurrency - levels[t - 1].concurrency <= 1:
+    a, b = levels[t - 1].concurrency if 0 < t < len(levels) else 0, levels[t].concurrency if 0 < t < len(levels) else 0
+    if not 0 < t < len(levels) or (not isinstance(b, float) and b - a <= 1):
         return ""
-    return (f"Levels between {levels[t - 1].concurrency} and {levels[t].concurrency} were not measured: "
-            f"{levels[t].concurrency} is the first measured level where it is off.")
+    return (f"Levels between {level_words(a)} and {level_words(b)} were not measured: "
+            f"{level_words(b)} is the first measured level where it is off.")
 
 
 def batch_above(concurrency: int, batch_max: float | None) -> int:
@@ -247,20 +256,27 @@ def batch_above(concurrency: int, batch_max: float | None) -> int:
     return (max(1, math.ceil(batch_max - 1e-9)) if batch_max is not None else concurrency) + 1
 
 
-def switch_batch(last_on: LevelVerdict, first_off: LevelVerdict) -> tuple[int, bool, str]:
+def switch_batch(last_on: LevelVerdict, first_off: LevelVerdict) -> tuple[int | None, bool, str]:
     """Where an engine's per-batch setting turns speculation off, keyed on its running batch (what engines
-    switch on), not on the client's concurrency: just above the largest batch the engine ran at the last level
-    where speculation is on, so that level keeps it. Returns (batch, measured, the words for the report)."""
-    b = batch_above(last_on.concurrency, last_on.batch_max)
+    switch on), not on the client's load: just above the largest batch the engine ran at the last level where
+    speculation is on, so that level keeps it. Returns (batch, measured, the words for the report); the batch is
+    None at request-rate levels whose batch the engine did not report (a rate is no batch size)."""
+    at, then = level_words(last_on.concurrency), level_words(first_off.concurrency)
     if last_on.batch_max is None:
+        if isinstance(last_on.concurrency, float):
+            return None, False, ("The engine's running batch was not measured (no /metrics gauge), and a request rate "
+                                 "is no batch size: no per-batch setting is given. Run the setting behind `specsweep "
+                                 "route` (by requests in flight), or measure where the engine reports its batch.")
+        b = batch_above(int(last_on.concurrency), None)
         return b, False, (f"The engine's running batch was not measured (no /metrics gauge), so the batch is taken as "
                           f"the concurrency: an engine's per-batch setting turns speculation off from a batch of {b}.")
+    b = batch_above(1, last_on.batch_max)
     words = (f"In batch sizes, as engines switch: the engine ran batches of up to {last_on.batch_max:g} at "
-             f"{last_on.concurrency} (mean {last_on.batch_mean or 0:.1f}) and of {first_off.batch_mean or 0:.1f} on "
-             f"average at {first_off.concurrency}: an engine's per-batch setting turns speculation off from a running "
+             f"{at} (mean {last_on.batch_mean or 0:.1f}) and of {first_off.batch_mean or 0:.1f} on "
+             f"average at {then}: an engine's per-batch setting turns speculation off from a running "
              f"batch of {b}.")
     if first_off.batch_max is not None and first_off.batch_max < b:
-        words += (f" The engine never ran a batch of {b} at {first_off.concurrency} (at most {first_off.batch_max:g}): "
+        words += (f" The engine never ran a batch of {b} at {then} (at most {first_off.batch_max:g}): "
                   "the per-batch setting cannot tell these levels apart (the engine caps its batch, or requests wait "
                   "outside it); a router that counts requests in flight can.")
     return b, True, words

@@ -120,7 +120,7 @@ def next_step(comp: Comparison | None, rounds: Mapping[int, int], decision: Deci
     if comp is None:
         return Step("stop", None, "nothing could be compared")
     rec = comp.recommendation
-    ahead = {lv.concurrency: lv.ratio > 1.0 for lv in comp.levels if not math.isnan(lv.ratio)}
+    ahead = {int(lv.concurrency): lv.ratio > 1.0 for lv in comp.levels if not math.isnan(lv.ratio)}  # concurrency
     measured = sorted(ahead)
     bounded = bounded_rounds(decision, num_requests, most_levels)
     costs = dict(round_s or {})
@@ -142,7 +142,7 @@ def next_step(comp: Comparison | None, rounds: Mapping[int, int], decision: Deci
             if remaining_s is not None and bounded * cost(m) + max(owed(a), owed(b)) > remaining_s:
                 break  # what is left pays for bounding the bracket there is, not a narrower one
             return Step("level", m, f"the verdicts change between {a} and {b}: {m} is measured next")
-    for c in sorted(rests_on({lv.concurrency: lv.ratio for lv in comp.levels if not math.isnan(lv.ratio)}),
+    for c in sorted(rests_on({int(lv.concurrency): lv.ratio for lv in comp.levels if not math.isnan(lv.ratio)}),
                     key=lambda c: (rounds.get(c, 0), c)):
         if rounds.get(c, 0) < bounded and c not in closed:
             return Step("round", c, f"C={c}, which the answer rests on, has {rounds.get(c, 0)} of the "
@@ -150,9 +150,9 @@ def next_step(comp: Comparison | None, rounds: Mapping[int, int], decision: Deci
     if rec.worst_case_loss is not None and rec.worst_case_loss <= decision.margin:
         return Step("stop", None, f"settled: the worst-case loss is within the margin ({decision.margin:.0%})")
     budget = decision.max_blocks(num_requests)
-    by_c = {lv.concurrency: lv for lv in comp.levels}
-    worst = rec.worst_case_level
-    order = ([worst] if worst is not None else []) + [c for c in rec.measure_next if c != worst]
+    by_c = {int(lv.concurrency): lv for lv in comp.levels}
+    worst = int(rec.worst_case_level) if rec.worst_case_level is not None else None
+    order = ([worst] if worst is not None else []) + [int(c) for c in rec.measure_next if c != worst]
     for c in order:
         lv = by_c.get(c)
         if lv is None or rounds.get(c, 0) >= budget or c in closed:

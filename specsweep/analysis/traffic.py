@@ -139,8 +139,8 @@ def _by_round(pairs: Sequence[tuple[int, float, float]]) -> list[tuple[float, fl
 def traffic_view(base_frame: Iterable[Mapping[str, Any]], spec_frame: Iterable[Mapping[str, Any]],
                  base_rows: Sequence[BlockRow], spec_rows: Sequence[BlockRow], *, margin: float,
                  names: tuple[str, str] = ("baseline", "speculative"),
-                 batch: Mapping[int, tuple[float | None, float | None]] | None = None,
-                 confidence: float | Callable[[int], float] = 0.95, unanswered: Sequence[int] = (),
+                 batch: Mapping[int | float, tuple[float | None, float | None]] | None = None,
+                 confidence: float | Callable[[int], float] = 0.95, unanswered: Sequence[int | float] = (),
                  lossy_verifier: str | None = None) -> TrafficView:
     """``batch``: per concurrency, the running batch the speculative engine reported there (mean, max), which
     every category's answer states its engine setting in, as the level's own answer does. ``confidence``: of

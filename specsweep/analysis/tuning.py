@@ -173,7 +173,8 @@ def _range_words(r: SettingRange) -> str:
 
 def best_per_level(comparisons: Mapping[str, Comparison]) -> list[LevelChoice]:
     """At each level measured by every point, the point that does best there."""
-    by_point = {label: {lv.concurrency: lv for lv in comp.levels} for label, comp in comparisons.items()}
+    by_point = {label: {int(lv.concurrency): lv for lv in comp.levels}  # concurrency: a grid measures no rates
+                for label, comp in comparisons.items()}
     common = sorted(set.intersection(*(set(levels) for levels in by_point.values()))) if by_point else []
     choices = []
     for c in common:
@@ -248,7 +249,8 @@ def tune(engine: str, comparisons: Mapping[str, Comparison], points: Sequence[Gr
                             "between them is not cancelled out. Check a close call with compare-speculation "
                             "(alternate design) on the two settings concerned.")
     if levels:  # a setting from every grid, decided or the best available (its status and bound say which)
-        tuning.ranges = setting_ranges(levels, points, rec.speculation_off_from)
+        off = rec.speculation_off_from
+        tuning.ranges = setting_ranges(levels, points, None if off is None else int(off))
         if len(methods := list(dict.fromkeys(r.method for r in tuning.ranges if r.point and r.method))) > 1:
             # One server speculates by one method: no single launch carries ranges of several.
             tuning.notes.append(
@@ -333,7 +335,7 @@ def predicted_to_lose(measured: GridPoint, comp: Comparison, marginal: Sequence[
     for lv in comp.levels:
         if lv.ratio_high is None or lv.ratio_low is None or lv.ratio_high <= 0:
             return {}
-        fits.append((lv.concurrency, max(0.0, (al_k / lv.ratio_high - 1) / measured.k), lv.ratio_low))
+        fits.append((int(lv.concurrency), max(0.0, (al_k / lv.ratio_high - 1) / measured.k), lv.ratio_low))
     out = {}
     for p in smaller:
         al = 1 + sum(marginal[:p.k])

@@ -30,6 +30,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from specsweep.analysis.decision import DecisionConfig, budget_spent, throughputs
+from specsweep.analysis.recommend import level_words
 from specsweep.analysis.stats import ratio_interval, verdict
 from specsweep.records import BlockRow
 
@@ -65,7 +66,7 @@ class SettingCost(BaseModel):
     """The per-batch setting against always-on at the lowest level where it speculates (the same K): what the
     setting itself costs there (an engine's known cost: Engine.per_batch_cost), on its own."""
 
-    concurrency: int
+    concurrency: int | float
     why: str = Field(description="The engine's known reason for a cost.")
     ratio: float = Field(description="as recommended / always on")
     ratio_low: float | None = None
@@ -76,7 +77,7 @@ class SettingCost(BaseModel):
 class LevelCheck(BaseModel):
     """The schedule at one level against the better fixed policy."""
 
-    concurrency: int
+    concurrency: int | float = Field(description="The level: requests in flight, or requests a second.")
     speculates: bool = Field(description="Whether the recommendation speculates at this level.")
     off_tokens_per_s: float = Field(description="Geometric mean over the stage's blocks.")
     on_tokens_per_s: float
@@ -151,7 +152,7 @@ def overall_standing(results: Sequence[Standing]) -> Overall | None:
     return "no better"
 
 
-def check_level(concurrency: int, speculates: bool, off: Sequence[BlockRow], on: Sequence[BlockRow],
+def check_level(concurrency: int | float, speculates: bool, off: Sequence[BlockRow], on: Sequence[BlockRow],
                 schedule: Sequence[BlockRow], controller: Sequence[BlockRow] | None = None, *, margin: float,
                 confidence: float) -> LevelCheck:
     """One level's check from its paired blocks (round i of each arm measured back to back); ``confidence``
@@ -172,21 +173,22 @@ def check_level(concurrency: int, speculates: bool, off: Sequence[BlockRow], on:
                       if controller else None)
 
 
-def _by_concurrency(rows: Sequence[BlockRow]) -> dict[int, list[BlockRow]]:
-    out: dict[int, list[BlockRow]] = {}
+def _by_level(rows: Sequence[BlockRow]) -> dict[int | float, list[BlockRow]]:
+    """The blocks that count, by level (the arms measure the comparison's levels: concurrency or request rates)."""
+    out: dict[int | float, list[BlockRow]] = {}
     for r in sorted(rows, key=lambda r: (r.level_index, r.repeat)):
-        if r.disturbed is None and r.mode == "concurrency" and r.concurrency is not None:
-            out.setdefault(r.concurrency, []).append(r)
+        if r.disturbed is None and r.load is not None:
+            out.setdefault(r.load, []).append(r)
     return out
 
 
 def verify_levels(off: Sequence[BlockRow], on: Sequence[BlockRow], schedule: Sequence[BlockRow],
-                  controller: Sequence[BlockRow] | None = None, *, off_from: int | None, setting: str,
+                  controller: Sequence[BlockRow] | None = None, *, off_from: int | float | None, setting: str,
                   decision: DecisionConfig, num_requests: int, controller_setting: str | None = None,
                   setting_cost: str | None = None) -> Verification:
     """The verification from the arms' blocks (``controller``: the engine's own controller's, where the fourth arm
     ran). ``off_from``: the recommendation's threshold (None: on everywhere)."""
-    arms = [_by_concurrency(rows) for rows in (off, on, schedule, *([controller] if controller is not None else []))]
+    arms = [_by_level(rows) for rows in (off, on, schedule, *([controller] if controller is not None else []))]
     common = sorted(set.intersection(*(set(a) for a in arms)))
     confidence = decision.look_confidence(num_requests, comparisons=2 if controller is not None else 1)
     levels = [check_level(c, off_from is None or c < off_from, *(a[c] for a in arms), margin=decision.margin,
@@ -229,7 +231,7 @@ def controller_summary(overall: Overall | None, levels: Sequence[LevelCheck], ma
                       "others",
              "undetermined": "Against the engine's own controller, undetermined: at some level the measured schedule "
                              f"may be ahead or behind by more than {pct}"}
-    detail = "; ".join(f"{lv.concurrency}: ×{lv.controller.ratio:.2f} of the controller ({lv.controller.result})"
+    detail = "; ".join(f"{level_words(lv.concurrency)}: ×{lv.controller.ratio:.2f} of the controller ({lv.controller.result})"
                        for lv in levels if lv.controller is not None)
     return f"{words[overall]} ({detail})."
 
@@ -244,12 +246,13 @@ def _summary(status: Status, levels: Sequence[LevelCheck], margin: float) -> str
                        f"by more than {pct} at some level",
              "undetermined": "Verification undetermined: at some level the recommended setting may or may not come "
                              f"within {pct} of the better fixed policy"}
-    detail = "; ".join(f"{lv.concurrency}: ×{lv.ratio:.2f} of always {lv.better_fixed} ({lv.result})" for lv in levels)
+    detail = "; ".join(f"{level_words(lv.concurrency)}: ×{lv.ratio:.2f} of always {lv.better_fixed} ({lv.result})"
+                       for lv in levels)
     return f"{words[status]} ({detail})."
 
 
 def needs_more(decision: DecisionConfig, num_requests: int,
-               off_from: int | None) -> Callable[[list[list[BlockRow]]], bool]:
+               off_from: int | float | None) -> Callable[[list[list[BlockRow]]], bool]:
     """Another round of the arms (off, on, schedule, and the engine's controller where it runs) at a level? Until
     its checks are decided or its budget is spent (``decision.min_blocks`` rounds at least)."""
 
@@ -259,7 +262,7 @@ def needs_more(decision: DecisionConfig, num_requests: int,
             return True
         if budget_spent([r for rows in clean for r in rows], decision, num_requests, n):
             return False
-        concurrency = int(clean[0][0].concurrency or 1)
+        concurrency = clean[0][0].load or 1
         check = check_level(concurrency, off_from is None or concurrency < off_from, *clean, margin=decision.margin,
                             confidence=decision.look_confidence(num_requests, comparisons=len(clean) - 2))
         return check.result == "undetermined" or (check.controller is not None

@@ -185,6 +185,13 @@ class SweepConfig(BaseModel):
             raise ValueError("request rates must be positive numbers (requests per second)")
         return rates
 
+    @model_validator(mode="after")
+    def _one_kind_of_level(self) -> SweepConfig:
+        if self.search is not None and self.request_rate:
+            raise ValueError("search chooses concurrency levels: give it or request_rate, not both (a request-rate "
+                             "comparison measures the rates listed)")
+        return self
+
     def for_level(self, mode: str, value: float) -> SweepConfig:
         """The sweep as one block of a level runs it: ``num_requests`` raised to C x ``requests_per_slot``."""
         if mode != "concurrency" or self.duration_s is not None or not self.requests_per_slot:

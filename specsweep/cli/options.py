@@ -27,6 +27,9 @@ PromptsFile = Annotated[Optional[Path], typer.Option(
 Temperatures = Annotated[Optional[str], typer.Option(
     "--temperatures", "--temperature", help="A sampling temperature, or several comma-separated: one comparison at "
     "each (default: 0 alone).")]
+RequestRates = Annotated[Optional[str], typer.Option(
+    "--request-rate", help="Request rates a second, comma-separated, in place of --concurrency: open-loop levels "
+    "(Poisson arrivals, or a trace file's own gaps scaled), compared by the speed a request saw.")]
 Search = Annotated[Optional[str], typer.Option(
     help="MIN:MAX: let the comparison choose its levels between these (both ends, then where speculation stops "
     "paying), in place of --concurrency.")]

@@ -8,7 +8,7 @@ from typing import Any
 
 from specsweep import engines
 from specsweep.analysis.compare import Comparison
-from specsweep.analysis.recommend import Recommendation, pct
+from specsweep.analysis.recommend import Recommendation, level_words, pct
 from specsweep.analysis.slo import Side, SLOView
 from specsweep.analysis.traffic import CategoryLevel, TrafficView
 from specsweep.analysis.tuning import Tuning
@@ -34,15 +34,16 @@ def status_line(rec: Recommendation, margin: float) -> str:
     bound = pct(rec.worst_case_loss) if rec.worst_case_loss is not None else "not bounded"
     what = (f"within the {pct(margin)} margin" if rec.status == "decided" else
             f"beyond the {pct(margin)} margin: the best setting the measurements allow, deployable, with its bound")
-    return f"Status: {rec.status} (worst-case loss {bound} at {rec.worst_case_level}, {what})" \
-        + (f"; measure next: {', '.join(map(str, rec.measure_next))}" if rec.measure_next else "") + "."
+    at = level_words(rec.worst_case_level) if rec.worst_case_level is not None else "-"
+    return f"Status: {rec.status} (worst-case loss {bound} at {at}, {what})" \
+        + (f"; measure next: {', '.join(map(level_words, rec.measure_next))}" if rec.measure_next else "") + "."
 
 
 def configure_lines(rec: Recommendation, setting: PerBatchSetting | None) -> list[str]:
     """What to give the engine, in words and flags (decided or the best available: it says which)."""
     lines = [] if rec.status == "decided" else [
         f"Best available, not decided: this setting may give up {pct(rec.worst_case_loss)} at "
-        f"{rec.worst_case_level} (worst case); it is still the one with the least worst-case loss."
+        f"{level_words(rec.worst_case_level or 0)} (worst case); it is still the one with the least worst-case loss."
         if rec.worst_case_loss is not None else
         "Best available, not decided: its worst-case loss is not bounded yet (too few rounds somewhere); it is "
         "chosen by the levels that are bounded and the point estimates."]
@@ -52,6 +53,8 @@ def configure_lines(rec: Recommendation, setting: PerBatchSetting | None) -> lis
     if setting is not None:
         lines += list(setting.notes)
     off = rec.speculation_off_from
+    if isinstance(off, float):  # a request rate: the router counts requests in flight, as the engine's batch
+        off = rec.off_from_batch
     if off is not None:
         lines.append(f"Engines without a per-batch switch: route to the baseline deployment once {off} or more requests "
                      "are in flight, to the speculative one below.")
@@ -74,27 +77,35 @@ def comparison_markdown(comp: Comparison) -> str:
     rows = []
     for r in comp.levels:
         ci = f" [{r.ratio_low:.2f}, {r.ratio_high:.2f}]" if r.ratio_low is not None and r.ratio_high is not None else ""
-        rows.append([str(r.concurrency), batch_cell(r.baseline_batch, r.speculative_batch, r.speculative_batch_max),
+        rows.append([f"{r.concurrency:g}", batch_cell(r.baseline_batch, r.speculative_batch, r.speculative_batch_max),
                      _f(r.baseline_tokens_per_s), _f(r.speculative_tokens_per_s), f"{r.ratio:.2f}{ci}", r.verdict,
                      f"{r.blocks[0]}/{r.blocks[1]}", _f(r.baseline_ttft_ms), _f(r.speculative_ttft_ms),
                      _f(r.baseline_tpot_ms, 2), _f(r.speculative_tpot_ms, 2),
                      _f(r.speculative_accept_length, 2), _f(r.speculative_acceptance_rate, 2)])
+    rate = comp.mode == "rate"
     table = markdown_table(
-        ["concurrency", "running batch b/s (max)", "baseline tok/s", "speculative tok/s", "ratio [interval]", "verdict",
+        ["requests/s" if rate else "concurrency", "running batch b/s (max)",
+         *(["baseline tok/s per request", "spec. tok/s per request"] if rate else ["baseline tok/s", "speculative tok/s"]),
+         "ratio [interval]", "verdict",
          "blocks b/s",
          "baseline TTFT p50 ms", "spec. TTFT p50 ms", "baseline TPOT p50 ms", "spec. TPOT p50 ms", "accept length",
          "acceptance rate"], rows)
     rec = comp.recommendation
     pol = rec.projected_tokens_per_s
-    policies = markdown_table(["policy", "mean output tok/s over the levels"], [
+    policies = markdown_table(["policy", "mean tok/s per request over the levels" if rate else
+                               "mean output tok/s over the levels"], [
         ["always off (baseline)", _f(pol.get("always_off"))], ["always on (speculative)", _f(pol.get("always_on"))],
         ["as recommended", _f(pol.get("as_recommended"))]])
     parts = [
         f"**{headline(rec)}**",
         f"## Speculation: {comp.speculative} vs {comp.baseline}",
         status_line(rec, comp.margin),
-        f"Speculation off from: {rec.speculation_off_from if rec.speculation_off_from is not None else '-'}",
+        f"Speculation off from: {level_words(rec.speculation_off_from) if rec.speculation_off_from is not None else '-'}",
         table,
+        *([("At request-rate levels both configurations are sent the same requests at the same moments and deliver "
+            "the same tokens while they keep up: what is compared is the speed a request saw, its output tokens over "
+            "its time from its scheduled send to its end (a server that falls behind the arrivals queues them and "
+            "reads slower).")] if rate else []),
         f"Verdicts: faster / slower when the interval of the ratio lies above / below 1; equivalent when it lies within "
         f"±{comp.margin:.0%}; no gain when it lies below 1 + {comp.margin:.0%} (a gain beyond the margin is ruled out); "
         "undetermined otherwise (a gain is still possible, or too few rounds for a bounded interval). The setting is "
@@ -366,11 +377,11 @@ def verification_markdown(v: Verification | None) -> list[str]:
     if v is None:
         return ["### Verified?\n\nNot run: the recommendation has not been run by the engine (decision.verify, "
                 "`--verify`)."]
-    rows = [[str(lv.concurrency), "on" if lv.speculates else "off", _f(lv.off_tokens_per_s), _f(lv.on_tokens_per_s),
+    rows = [[level_words(lv.concurrency), "on" if lv.speculates else "off", _f(lv.off_tokens_per_s), _f(lv.on_tokens_per_s),
              _f(lv.schedule_tokens_per_s), f"always {lv.better_fixed}",
              f"{lv.ratio:.2f}" + (f" [{lv.ratio_low:.2f}, {lv.ratio_high:.2f}]" if lv.ratio_low is not None
                                   and lv.ratio_high is not None else ""), lv.result, str(lv.blocks)] for lv in v.levels]
-    table = markdown_table(["concurrency", "recommended", "always off tok/s", "always on tok/s", "as recommended tok/s",
+    table = markdown_table(["level", "recommended", "always off tok/s", "always on tok/s", "as recommended tok/s",
                             "better fixed", "recommended / better [interval]", "result", "blocks each"], rows)
     parts = ["### Verified?", f"**{v.summary}**", f"The engine ran: `{v.setting}`", table,
              f"Each level: the recommended setting against the better of the two fixed policies, blocks of the "
@@ -379,7 +390,8 @@ def verification_markdown(v: Verification | None) -> list[str]:
     if (cost := v.setting_cost) is not None:
         ci = f" [{cost.ratio_low:.2f}, {cost.ratio_high:.2f}]" if cost.ratio_low is not None \
             and cost.ratio_high is not None else ""
-        parts.append(f"**The setting's own cost at C={cost.concurrency}** (as recommended against always on, the same K: "
+        at = level_words(cost.concurrency) if isinstance(cost.concurrency, float) else f"C={cost.concurrency}"
+        parts.append(f"**The setting's own cost at {at}** (as recommended against always on, the same K: "
                      f"reported on its own): ×{cost.ratio:.2f}{ci} ({cost.verdict}). Why it may cost: {cost.why}.")
     return parts + controller_markdown(v)
 
@@ -388,7 +400,7 @@ def controller_markdown(v: Verification) -> list[str]:
     """The measured schedule against the engine's own controller (the verify stage's fourth arm), per level."""
     if v.against_controller is None:
         return []
-    rows = [[str(lv.concurrency), _f(lv.schedule_tokens_per_s), _f(lv.controller.controller_tokens_per_s),
+    rows = [[level_words(lv.concurrency), _f(lv.schedule_tokens_per_s), _f(lv.controller.controller_tokens_per_s),
              f"{lv.controller.ratio:.2f}" + (f" [{lv.controller.ratio_low:.2f}, {lv.controller.ratio_high:.2f}]"
                                              if lv.controller.ratio_low is not None
                                              and lv.controller.ratio_high is not None else ""),

@@ -26,6 +26,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator  # noqa: E402
 
 from specsweep.analysis.compare import Comparison  # noqa: E402
+from specsweep.analysis.recommend import level_words  # noqa: E402
 from specsweep.analysis.traffic import MIX, CategoryLevel  # noqa: E402
 from specsweep.analysis.tuning import Tuning  # noqa: E402
 from specsweep.records import HistoryRow  # noqa: E402
@@ -43,12 +44,12 @@ def _png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def _concurrency_axis(ax: Axes, levels: Sequence[int]) -> None:
+def _concurrency_axis(ax: Axes, levels: Sequence[int | float], mode: str = "concurrency") -> None:
     ax.set_xscale("log", base=2)
     ax.xaxis.set_minor_locator(NullLocator())
     ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xticks(list(levels), [str(c) for c in levels])
-    ax.set_xlabel("concurrency (requests in flight)")
+    ax.set_xticks(list(levels), [f"{c:g}" for c in levels])
+    ax.set_xlabel("concurrency (requests in flight)" if mode == "concurrency" else "request rate (requests/s)")
     ax.grid(alpha=0.3)
 
 
@@ -77,8 +78,11 @@ def comparison_plots(comp: Comparison) -> dict[str, bytes]:
         v = comp.verification.levels
         ax.plot([x.concurrency for x in v], [x.schedule_tokens_per_s for x in v], "D-", color=AS_RECOMMENDED, lw=2,
                 label=f"as recommended, run by the engine ({comp.verification.status})")
-    _concurrency_axis(ax, c)
-    ax.set(ylabel="output tokens/s", title="Output throughput (95% interval of each mean)")
+    _concurrency_axis(ax, c, comp.mode)
+    if comp.mode == "rate":  # at a rate both deliver what is sent while they keep up: the speed a request saw
+        ax.set(ylabel="output tokens/s per request", title="Speed a request saw (95% interval of each mean)")
+    else:
+        ax.set(ylabel="output tokens/s", title="Output throughput (95% interval of each mean)")
     ax.legend(loc="upper left")  # a fixed place: finding the "best" took over 1 s on a busy machine
     out["throughput"] = _png(fig)
 
@@ -98,8 +102,8 @@ def comparison_plots(comp: Comparison) -> dict[str, bytes]:
         if any(r.verdict == verdict for r in lv):
             ax.scatter([], [], color=colour, edgecolors="black", linewidths=0.5, label=verdict)
     if threshold is not None:
-        ax.axvline(threshold, color="tab:red", ls="--", label=f"off from {threshold}")
-    _concurrency_axis(ax, c)
+        ax.axvline(threshold, color="tab:red", ls="--", label=f"off from {level_words(threshold)}")
+    _concurrency_axis(ax, c, comp.mode)
     ax.set(ylabel="speculative / baseline", title="Speedup from speculation (with its interval)")
     ax.legend(fontsize=8, loc="upper right")
     out["speedup"] = _png(fig)
@@ -115,7 +119,7 @@ def comparison_plots(comp: Comparison) -> dict[str, bytes]:
             ax.plot(c, [float("nan") if x is None else x for x in p50], f"{marker}-", color=colour, label=f"{name} p50")
             ax.plot(c, [float("nan") if x is None else x for x in p99], f"{marker}--", color=colour, alpha=0.6,
                     label=f"{name} p99")
-        _concurrency_axis(ax, c)
+        _concurrency_axis(ax, c, comp.mode)
         if positive:  # latencies span orders of magnitude from one stream to saturation
             ax.set_yscale("log")
             ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))

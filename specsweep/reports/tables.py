@@ -78,15 +78,17 @@ def console() -> Console:
 def print_comparison(comp: Comparison, out: Console | None = None) -> None:
     """The comparison on a terminal: the per-level table, the answer, what to configure."""
     table = Table(title=f"speculation: {comp.speculative} vs {comp.baseline}")
-    for col in ("concurrency", "batch b/s (max)", "baseline tok/s", "speculative tok/s", "ratio [interval]", "verdict",
-                "blocks",
+    rate = comp.mode == "rate"  # a request rate's figures: the speed a request saw
+    for col in ("requests/s" if rate else "concurrency", "batch b/s (max)",
+                *(("baseline tok/s/req", "spec. tok/s/req") if rate else ("baseline tok/s", "speculative tok/s")),
+                "ratio [interval]", "verdict", "blocks",
                 "TTFT p50 ms (base/spec)", "TPOT p50 ms (base/spec)", "accept"):
         table.add_column(col, justify="left" if col == "verdict" else "right")
     for r in comp.levels:
         ci = f" [{r.ratio_low:.2f}-{r.ratio_high:.2f}]" if r.ratio_low is not None and r.ratio_high is not None else ""
         acc = (f"{r.speculative_accept_length:.2f}" if r.speculative_accept_length else
                f"{r.speculative_acceptance_rate:.0%}" if r.speculative_acceptance_rate else "-")
-        table.add_row(str(r.concurrency), batch_cell(r.baseline_batch, r.speculative_batch, r.speculative_batch_max),
+        table.add_row(f"{r.concurrency:g}", batch_cell(r.baseline_batch, r.speculative_batch, r.speculative_batch_max),
                       f"{r.baseline_tokens_per_s:,.1f}", f"{r.speculative_tokens_per_s:,.1f}",
                       f"{r.ratio:.2f}{ci}", r.verdict, f"{r.blocks[0]}/{r.blocks[1]}",
                       f"{r.baseline_ttft_ms or 0:,.1f} / {r.speculative_ttft_ms or 0:,.1f}",

@@ -125,3 +125,45 @@ async def test_each_prompt_source_through_a_comparison(source: str, make: object
     if source == "sharegpt":  # each request stops where its answer's length says (the simulator honours it)
         assert measured["output_tokens"].nunique() > 3 and measured["output_tokens"].max() <= 64
     assert pids_with_marker(port) == [] and pids_with_marker(port + 1) == []
+
+
+async def test_a_trace_replayed_at_request_rates_is_compared(tmp_path: Path) -> None:
+    """A trace (arrival_s on every line) replayed at two rates, its recorded gaps scaled: at 8 requests a second
+    speculation decodes faster; at 64 the speculative server falls behind the arrivals and queues them. The answer is
+    in requests a second, carried to the engine's per-batch setting by the batch the engine ran."""
+    port = free_port(span=2)
+    # Speculation twice as fast for one request, far behind from a batch of four (the baseline ignores these).
+    base, spec = sim_profiles(port, "--sim-speedup", "1=2.0", "--sim-speedup", "2=1.6", "--sim-speedup", "4=0.5",
+                              "--sim-speedup", "8=0.3")
+    results = tmp_path / "results"
+    trace = tmp_path / "trace.jsonl"
+    arrivals = [0.0, 0.02, 0.5, 0.52, 0.54, 1.3, 1.9, 1.95, 2.6, 3.0, 3.02, 3.9, 4.4, 4.45, 5.1, 5.5]  # bursty
+    trace.write_text("".join(json.dumps({"prompt": f"Summarise ticket {i}.", "arrival_s": a, "max_tokens": 16,
+                                         "category": "support"}) + "\n" for i, a in enumerate(arrivals)))
+    benchmark = BenchmarkSettings(workload=WorkloadConfig(source="file", prompts_file=trace, output_len=16),
+                                  results=str(results),
+                                  sweep=SweepConfig(request_rate=[8.0, 64.0], num_requests=16, warmup_requests=1))
+    decision = DecisionConfig(design="alternate", alternate_by="side-by-side", min_blocks=2, max_requests_per_level=32,
+                              verify=True, verify_controller=False)
+    comp = (await compare_speculation(base, spec, benchmark=benchmark, decision=decision)).comparison
+    assert comp.mode == "rate" and [lv.concurrency for lv in comp.levels] == [8.0, 64.0]
+    low, high = comp.levels
+    assert low.ratio > 1.1 and high.ratio < 0.9, (low.ratio, high.ratio)
+    rec = comp.recommendation
+    assert rec.speculation_off_from == 64.0 and rec.decision.startswith("Off from 64 requests/s.")
+    assert rec.batch_measured and rec.off_from_batch is not None  # the simulator's /metrics gauge
+    assert comp.setting is not None and comp.setting.flags  # the engine's per-batch setting, carrying the answer
+    # The verify stage ran that setting on the engine at the same rates, against always off and always on.
+    assert comp.verification is not None and [lv.concurrency for lv in comp.verification.levels] == [8.0, 64.0]
+    # Sent as the trace says: the same prompts to both, at the trace's own gaps scaled to the level's rate.
+    requests = pd.read_parquet(results / "requests")
+    measured = requests[~requests["warmup"] & (requests["level_value"] == 8.0)]
+    first = measured[measured["run_id"] == measured["run_id"].iloc[0]]
+    block = first[first["repeat"] == 0].sort_values("scheduled_s")
+    gaps = block["scheduled_s"].diff().dropna().tolist()
+    own = (len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
+    expected = [(b - a) * own / 8.0 for a, b in zip(arrivals, arrivals[1:], strict=False)]
+    assert gaps == pytest.approx(expected, abs=1e-6)
+    report = next((results / "reports").glob("*/report.md")).read_text()
+    assert "| requests/s |" in report and "tok/s per request" in report
+    assert pids_with_marker(port) == [] and pids_with_marker(port + 1) == []

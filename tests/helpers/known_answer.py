@@ -54,7 +54,7 @@ class Outcome:
     comparison: Comparison
 
     @property
-    def wrong_verdicts(self) -> list[int]:
+    def wrong_verdicts(self) -> list[int | float]:
         return [lv.concurrency for lv, r in zip(self.comparison.levels, self.truth, strict=True)
                 if wrong(lv.verdict, r, self.comparison.margin)]
 
