@@ -117,6 +117,10 @@ async def campaign(hosts: list[HostConfig], settings: EngineSettingsParam = engi
                           '{"block": "gpu-01"})')
     if not 0 < host_timeout_minutes <= 24 * 60:
         raise ConfigError(f"host_timeout_minutes must lie in (0, 1440] (got {host_timeout_minutes:g})")
+    if benchmark.sweep.request_rate:
+        raise ConfigError("benchmark.sweep.request_rate: a campaign's answers per kind of host are concurrency "
+                          "thresholds; give benchmark.sweep.concurrency (or search), or compare one host at request "
+                          "rates with compare-speculation")
     queues = _queues(hosts, work_queues or {})
     logger = get_run_logger()
     store = ResultsStore(await aresolve_results(benchmark.results, benchmark.results_block))

@@ -180,6 +180,11 @@ def compare_levels(base_rows: Sequence[BlockRow], spec_rows: Sequence[BlockRow],
     ``search``: the levels were chosen by a search, whose answer rests on the levels around its crossing
     (``analysis.search.rests_on``)."""
     mode = comparison_mode(base_rows, spec_rows)
+    if mode == "rate" and any(r.request_speed_tokens_per_s is None for r in (*base_rows, *spec_rows)
+                              if r.disturbed is None):
+        raise ConfigError("these request-rate runs were measured before specsweep stored the speed a request saw "
+                          "(levels column request_speed_tokens_per_s), which a comparison at request rates counts: "
+                          "measure them again")
     base, spec = _by_level(base_rows, mode), _by_level(spec_rows, mode)
     aside = {c: (sum(1 for r in base_rows if r.mode == mode and r.load == c and r.disturbed is not None),
                  sum(1 for r in spec_rows if r.mode == mode and r.load == c and r.disturbed is not None)) for c in base}
@@ -200,7 +205,7 @@ def compare_levels(base_rows: Sequence[BlockRow], spec_rows: Sequence[BlockRow],
         )
     if not common:
         raise MeasurementError(f"no level could be answered: every block of a configuration at "
-                               f"{', '.join(map(str, unanswered))} was set aside as disturbed (why: "
+                               f"{', '.join(map(level_words, unanswered))} was set aside as disturbed (why: "
                                f"{_reasons((*base_rows, *spec_rows))}). The blocks are kept in the levels "
                                "dataset (column disturbed). Measure again: a machine too busy to measure them on, or a "
                                "server that fails every request, does so every time.")
@@ -251,7 +256,7 @@ def compare_levels(base_rows: Sequence[BlockRow], spec_rows: Sequence[BlockRow],
         sides = [f"{name}'s {n} block(s)" for name, (n, ok) in ((baseline_name, measured[c][0]),
                                                                   (speculative_name, measured[c][1])) if n and not ok]
         why = _reasons([r for r in (*base_rows, *spec_rows) if r.mode == mode and r.load == c])
-        comp.notes.append(f"No answer at {c}: all of {' and '.join(sides)} there were set aside as disturbed, as "
+        comp.notes.append(f"No answer at {level_words(c)}: all of {' and '.join(sides)} there were set aside as disturbed, as "
                           f"often as a level is measured again (why: {why}). The answer is open there, as at an "
                           "undetermined level: measure it again (a machine "
                           "too busy to measure it stalls every block; a server that fails every request there "
@@ -380,10 +385,15 @@ def compare_runs(store: ResultsStore, baseline_run_id: str, speculative_run_id: 
                                 unanswered=comp.unanswered,
                                 lossy_verifier=speculation.lossy_verifier if speculation is not None else None)
     comp.notes += comp.traffic.notes
+    if comp.mode == "rate":
+        comp.notes.append("At request rates the report gives the answer for the requests as sent; the answers per "
+                          "category of prompt, the check of the outputs at temperature 0, the energy per token and "
+                          "the latency targets (decision.slo) are read at concurrency levels only: measure concurrency "
+                          "levels for them.")
     comp = with_engine_setting(comp, speculation)
     comp.verification = verification_of(store, comp, decision, num_requests)
     comp = refuted_if_short(comp)
-    if decision.slo is not None:
+    if decision.slo is not None and comp.mode == "concurrency":
         comp.slo = slo_view(decision.slo, *(requests_by_level(store.request_fields(rid, SLO_COLUMNS), rows)
                                             for rid, rows in ((baseline_run_id, base_rows),
                                                               (speculative_run_id, spec_rows))))

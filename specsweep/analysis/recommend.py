@@ -136,6 +136,11 @@ def level_words(level: int | float) -> str:
     return f"{level:g} requests/s" if isinstance(level, float) else str(level)
 
 
+def level_label(level: int | float) -> str:
+    """A level as a column or point is labelled: C=8, or 2.5 requests/s."""
+    return level_words(level) if isinstance(level, float) else f"C={level}"
+
+
 def _list(cs: Sequence[int | float]) -> str:
     return ", ".join(level_words(c) for c in cs)
 

@@ -47,6 +47,7 @@ def recommendation_json(comp: Comparison) -> dict[str, Any]:
         "unanswered": rec.unanswered,
         "margin": comp.margin,
         "design": comp.design,
+        "mode": comp.mode,  # concurrency: levels in requests in flight; rate: requests a second (speeds per request)
         "baseline": {"name": comp.baseline, "run_id": comp.baseline_run_id},
         "speculative": {"name": comp.speculative, "run_id": comp.speculative_run_id},
         "levels": [{"concurrency": lv.concurrency, "verdict": lv.verdict, "ratio": round(lv.ratio, 4),

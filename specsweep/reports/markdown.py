@@ -8,7 +8,7 @@ from typing import Any
 
 from specsweep import engines
 from specsweep.analysis.compare import Comparison
-from specsweep.analysis.recommend import Recommendation, level_words, pct
+from specsweep.analysis.recommend import Recommendation, level_label, level_words, pct
 from specsweep.analysis.slo import Side, SLOView
 from specsweep.analysis.traffic import CategoryLevel, TrafficView
 from specsweep.analysis.tuning import Tuning
@@ -52,10 +52,16 @@ def configure_lines(rec: Recommendation, setting: PerBatchSetting | None) -> lis
         lines.append(f"{label} (`{setting.file_name}`):\n\n```\n{setting.flags or ''}\n```")
     if setting is not None:
         lines += list(setting.notes)
+    # The router counts requests in flight, as the client's concurrency does; at request rates, as the engine counts
+    # its batch. Not said again where the setting is itself the router's (its command says it).
     off = rec.speculation_off_from
-    if isinstance(off, float):  # a request rate: the router counts requests in flight, as the engine's batch
+    if isinstance(off, float):
         off = rec.off_from_batch
-    if off is not None:
+        if off is None:
+            lines.append("No per-batch setting and no router threshold: a request rate is no batch size, and the engine "
+                         "reported no running batch (no /metrics gauge). Measure where the engine reports it, or at "
+                         "concurrency levels.")
+    if off is not None and (setting is None or setting.route_off_from is None):
         lines.append(f"Engines without a per-batch switch: route to the baseline deployment once {off} or more requests "
                      "are in flight, to the speculative one below.")
     return lines
@@ -299,7 +305,8 @@ def temperatures_markdown(comparisons: dict[str, Comparison]) -> str:
                      f"{sum(accept) / len(accept):.2f}" if accept else "-", headline(comp.recommendation)])
     first = next(iter(comparisons.values()))
     return "\n\n".join([f"## Speculation by temperature: {first.speculative} vs {first.baseline}",
-                         markdown_table(["temperature", *(f"C={c}" for c in cs), "accept length", "answer"], rows),
+                         markdown_table(["temperature", *(level_label(c) for c in cs), "accept length", "answer"],
+                                        rows),
                          "Each temperature is a comparison of its own (its runs and report named with it). Exact-match "
                          "verification accepts fewer drafted tokens as sampling spreads: measure at the temperature "
                          "you serve with."])
@@ -390,9 +397,8 @@ def verification_markdown(v: Verification | None) -> list[str]:
     if (cost := v.setting_cost) is not None:
         ci = f" [{cost.ratio_low:.2f}, {cost.ratio_high:.2f}]" if cost.ratio_low is not None \
             and cost.ratio_high is not None else ""
-        at = level_words(cost.concurrency) if isinstance(cost.concurrency, float) else f"C={cost.concurrency}"
-        parts.append(f"**The setting's own cost at {at}** (as recommended against always on, the same K: "
-                     f"reported on its own): ×{cost.ratio:.2f}{ci} ({cost.verdict}). Why it may cost: {cost.why}.")
+        parts.append(f"**The setting's own cost at {level_label(cost.concurrency)}** (as recommended against always on, "
+                     f"the same K: reported on its own): ×{cost.ratio:.2f}{ci} ({cost.verdict}). Why it may cost: {cost.why}.")
     return parts + controller_markdown(v)
 
 
@@ -406,7 +412,7 @@ def controller_markdown(v: Verification) -> list[str]:
                                              and lv.controller.ratio_high is not None else ""),
              lv.controller.result, _f(lv.controller.drafted_per_step, 2), _f(lv.controller.tier_mean, 2)]
             for lv in v.levels if lv.controller is not None]
-    table = markdown_table(["concurrency", "as recommended tok/s", "engine's controller tok/s",
+    table = markdown_table(["level", "as recommended tok/s", "engine's controller tok/s",
                             "recommended / controller [interval]", "the schedule", "controller drafts per step",
                             "controller tier (mean)"], rows)
     return ["### Against the engine's own controller", f"**{v.controller_summary}**",

@@ -129,6 +129,8 @@ def comparison_plots(comp: Comparison) -> dict[str, bytes]:
         ax.legend(fontsize=7, loc="lower right")  # latency rises with load: the lower right stays clear
     out["latency"] = _png(fig)
 
+    if comp.mode == "rate":  # the trade-off of per-user speed against total throughput is one of concurrency
+        return out
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for who, colour, marker, name in (("baseline", BASE, "o", comp.baseline),
                                       ("speculative", SPEC, "s", comp.speculative)):

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from specsweep.analysis.compare import Comparison
+from specsweep.analysis.recommend import level_words
 from specsweep.analysis.traffic import MIX, TrafficView
 from specsweep.analysis.tuning import Tuning
 from specsweep.analysis.verify import Verification
@@ -100,7 +101,8 @@ def print_comparison(comp: Comparison, out: Console | None = None) -> None:
     out.print(status_line(rec, comp.margin), markup=False)
     _configure(out, configure_lines(rec, comp.setting))
     pol = rec.projected_tokens_per_s
-    out.print(f"mean output tok/s over the levels: always off {pol.get('always_off', 0):,.1f}, always on "
+    what = "mean tok/s per request" if comp.mode == "rate" else "mean output tok/s"
+    out.print(f"{what} over the levels: always off {pol.get('always_off', 0):,.1f}, always on "
               f"{pol.get('always_on', 0):,.1f}"
               + (f", as recommended {pol['as_recommended']:,.1f}" if "as_recommended" in pol else ""))
     if comp.slo is not None:
@@ -135,26 +137,26 @@ def _print_categories(out: Console, view: TrafficView) -> None:
 
 def _print_verification(out: Console, v: Verification) -> None:
     table = Table(title="verify: the recommended setting, run by the engine, against both fixed policies")
-    for col in ("concurrency", "recommended", "always off tok/s", "always on tok/s", "as recommended tok/s",
+    for col in ("level", "recommended", "always off tok/s", "always on tok/s", "as recommended tok/s",
                 "vs better fixed", "result"):
         table.add_column(col, justify="left" if col in ("recommended", "result") else "right")
     for lv in v.levels:
         ci = f" [{lv.ratio_low:.2f}-{lv.ratio_high:.2f}]" if lv.ratio_low is not None and lv.ratio_high is not None \
             else ""
-        table.add_row(str(lv.concurrency), "on" if lv.speculates else "off", f"{lv.off_tokens_per_s:,.1f}",
+        table.add_row(level_words(lv.concurrency), "on" if lv.speculates else "off", f"{lv.off_tokens_per_s:,.1f}",
                       f"{lv.on_tokens_per_s:,.1f}", f"{lv.schedule_tokens_per_s:,.1f}",
                       f"{lv.ratio:.2f}{ci} of {lv.better_fixed}", lv.result)
     out.print(table)
     out.print(v.summary, style="bold", markup=False)
     if v.against_controller is not None:
         own = Table(title="verify: the measured schedule against the engine's own controller")
-        for col in ("concurrency", "as recommended tok/s", "controller tok/s", "recommended / controller", "result"):
+        for col in ("level", "as recommended tok/s", "controller tok/s", "recommended / controller", "result"):
             own.add_column(col, justify="left" if col == "result" else "right")
         for lv in v.levels:
             if (c := lv.controller) is not None:
                 ci = f" [{c.ratio_low:.2f}-{c.ratio_high:.2f}]" if c.ratio_low is not None and c.ratio_high is not None \
                     else ""
-                own.add_row(str(lv.concurrency), f"{lv.schedule_tokens_per_s:,.1f}",
+                own.add_row(level_words(lv.concurrency), f"{lv.schedule_tokens_per_s:,.1f}",
                             f"{c.controller_tokens_per_s:,.1f}", f"{c.ratio:.2f}{ci}", c.result)
         out.print(own)
         out.print(v.controller_summary, style="bold", markup=False)

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from flows.benchmark_config import benchmark_config
+from flows.campaign import campaign
 from flows.compare_speculation import compare_engine, compare_speculation
 from flows.server_lifecycle import server_lifecycle
 from flows.sglang_benchmarks import baseline_benchmark, eagle3_benchmark
@@ -127,6 +128,8 @@ FLOW_CASES: dict[str, tuple[Any, dict[str, Any], list[str]]] = {
                                  ["benchmark.sweep", "search chooses concurrency levels: give it or request_rate"]),
     "grid at request rates": (tune_speculation, {"benchmark": {"sweep": {"request_rate": [2.0, 8.0]}}},
                               ["benchmark.sweep.request_rate: a grid answers per batch-size range"]),
+    "campaign at request rates": (campaign, {"hosts": [{}], "benchmark": {"sweep": {"request_rate": [2.0]}}},
+                                  ["benchmark.sweep.request_rate: a campaign's answers per kind of host"]),
     "grid too large": (tune_speculation, {"grid": {"draft_max": list(range(1, 6)), "draft_min": [0, 1, 2, 3, 4]}},
                        ["the grid has 25 points (5 x 5); at most 24"]),
 }

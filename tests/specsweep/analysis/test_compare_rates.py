@@ -53,6 +53,8 @@ def test_a_rate_comparison_counts_the_speed_a_request_saw_and_answers_in_request
     report = comparison_markdown(comp)
     assert "| requests/s |" in report and "baseline tok/s per request" in report
     assert "Speculation off from: 32 requests/s" in report and "the speed a request saw" in report
+    # A router counts requests in flight: the engine's batch threshold, not the rate.
+    assert "route to the baseline deployment once 6 or more requests are in flight" in report
 
 
 def test_a_rate_threshold_without_the_engines_batch_gives_no_per_batch_setting() -> None:
@@ -61,8 +63,16 @@ def test_a_rate_threshold_without_the_engines_batch_gives_no_per_batch_setting()
     rec = comp.recommendation
     assert rec.speculation_off_from == 32.0 and rec.off_from_batch is None
     assert "a request rate is no batch size" in rec.reason
-    # Not "keep it on" in the engine's file: no file at all.
-    assert with_engine_setting(comp, speculation_of(SGLANG_SPEC, "sglang")).setting is None
+    # Not "keep it on" in the engine's file: no file at all, and the report says why.
+    comp = with_engine_setting(comp, speculation_of(SGLANG_SPEC, "sglang"))
+    assert comp.setting is None
+    assert "No per-batch setting and no router threshold: a request rate is no batch size" in comparison_markdown(comp)
+
+
+def test_rate_runs_stored_without_the_speed_a_request_saw_are_refused_not_read_as_equal() -> None:
+    old = [r.model_copy(update={"request_speed_tokens_per_s": None}) for r in rate_rows("s", SPEC, 24.0)]
+    with pytest.raises(ConfigError, match="measured before specsweep stored the speed a request saw"):
+        compare_levels(rate_rows("b", BASE, 24.0), old, decision=DecisionConfig(), paired=True, num_requests=16)
 
 
 def test_a_rate_run_is_not_compared_with_a_concurrency_run() -> None:
