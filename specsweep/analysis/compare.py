@@ -237,7 +237,7 @@ def compare_levels(base_rows: Sequence[BlockRow], spec_rows: Sequence[BlockRow],
             speculative_batch=_median([r.engine_running_mean for r in s]),
             speculative_batch_max=_median([r.engine_running_max for r in s]),
         ))
-    verdicts = [lv.as_verdict() for lv in levels]
+    verdicts = [lv.as_verdict().model_copy(update={"max_rounds": decision.max_blocks(num_requests)}) for lv in levels]
     steering: list[int] = []
     if search:
         resting = rests_on({int(lv.concurrency): lv.ratio for lv in levels if not math.isnan(lv.ratio)})

@@ -52,6 +52,8 @@ class LevelVerdict(BaseModel):
                                         "mean: what another round costs.")
     rounds_to_settle: float | None = Field(None, description="Rounds in all that would settle the level (one "
                                            "policy within the margin there), estimated from its spread so far.")
+    max_rounds: int | None = Field(None, description="The rounds the run allowed a level (decision."
+                                   "max_requests_per_level); None: not known.")
     batch_mean: float | None = Field(None, description="The running batch the speculative engine reported at this "
                                      "level (its /metrics gauge), mean; None: not measured.")
     batch_max: float | None = Field(None, description="The largest running batch it reported at this level.")
@@ -225,6 +227,9 @@ def _sentence(levels: Sequence[LevelVerdict], t: int, at: int, worst: float, mar
         more = f"more rounds at {c} would {'shrink' if math.isfinite(worst) else 'bound'} it"
     else:
         more = f"at this noise, no budget within reach settles {c}: quieten the machine or accept the bound"
+    if more_rounds is not None and (cap := levels[at].max_rounds) is not None and levels[at].rounds + more_rounds > cap:
+        more += (f", beyond the {cap} rounds this run allowed a level (raise decision.max_requests_per_level, "
+                 "--max-requests-per-level)")
     return f"{head} Worst case: at {c}, {cost}; {more}."
 
 

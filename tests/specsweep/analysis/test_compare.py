@@ -228,3 +228,17 @@ def test_the_mix_of_prompts_falls_under_the_same_error_control_as_its_level(tmp_
     write_comparison_report(comp, store)
     report = (tmp_path / "res" / "reports" / "base1--spec1" / "report.md").read_text()
     assert f"with its {comp.traffic.confidence:.2%} interval" in report
+
+
+def test_more_rounds_than_the_run_allows_a_level_say_which_setting_to_raise() -> None:
+    """The first line's "more rounds would settle it" names the limit when the level has used the rounds the run
+    allowed it (the main job said "1 more round at 1" of a level at its 12)."""
+    spec = {**SPEC, 8: [610, 480, 560, 530, 505, 590, 470, 520, 560, 540, 495, 600, 515, 485, 575, 545]}
+    capped = compare_levels(rows("b", BASE), rows("s", spec), decision=DecisionConfig(max_requests_per_level=16 * 16),
+                            paired=True, num_requests=16).recommendation
+    assert capped.worst_case_level == 8 and capped.more_rounds is not None
+    assert capped.decision.endswith("beyond the 16 rounds this run allowed a level (raise "
+                                    "decision.max_requests_per_level, --max-requests-per-level).")
+    roomy = compare_levels(rows("b", BASE), rows("s", spec), decision=DecisionConfig(max_requests_per_level=64 * 16),
+                           paired=True, num_requests=16).recommendation
+    assert "would settle it." in roomy.decision and "beyond the" not in roomy.decision
